@@ -1,0 +1,1 @@
+"""ml-collections configs: `base.py` (every field) and the correction presets."""

@@ -1,0 +1,194 @@
+"""Masked reductions, safe division and input checks shared by every loss.
+
+Every loss in `jaxcorr.losses` follows the same numerical rules (spec
+`README.md` conventions and `losses.md` §1):
+
+* inputs are *sanitised* before any arithmetic, `where(mask, x, 0)`, so NaN or
+  ±inf stored in padding never reaches a value or a gradient ("double where");
+* every division is safe: an empty set gives exactly 0 with gradient 0;
+* every `exp` of a log-ratio sees `clip(r, -20, 20)` (the safety bound);
+* floats are promoted to at least float32 (bf16 never enters the math; float64
+  stays float64 when x64 is on).
+
+The reductions come in three families, named as in the spec:
+
+* token-pooled over a `[B, T]` mask: `masked_sum`, `masked_mean` (`mmean`),
+  `masked_max`, `masked_min`;
+* within a row: `row_count`, `row_sum`, `row_mean` (`rmean`), `row_max`;
+* over the non-empty rows `V` of a `[B]` vector: `rows_mean` (`vmean`),
+  `rows_max`, `rows_min`, `rows_std` (unbiased).
+
+Every reduction returns 0 on an empty set (divergence D14).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+
+SAFETY_BOUND = 20.0
+"""Clamp applied to every log-ratio before `exp` (verl's SAFETY_BOUND)."""
+
+
+def float_dtype(*arrays: jax.Array | None) -> jnp.dtype:
+  """The computation dtype: the inputs' float type, at least float32."""
+  present = [a for a in arrays if a is not None]
+  if not present:
+    return jnp.dtype(jnp.float32)
+  return jnp.promote_types(jnp.result_type(*present), jnp.float32)
+
+
+def as_float(x: jax.Array, dtype: jnp.dtype | None = None) -> jax.Array:
+  """`x` as a float array of at least float32 (or exactly `dtype`)."""
+  x = jnp.asarray(x)
+  return x.astype(dtype if dtype is not None else float_dtype(x))
+
+
+def sanitize(
+  x: jax.Array, mask: jax.Array, dtype: jnp.dtype | None = None
+) -> jax.Array:
+  """`where(mask, x, 0)` in the computation dtype: the input-side `where`."""
+  x = as_float(x, dtype)
+  return jnp.where(mask, x, jnp.zeros((), x.dtype))
+
+
+def safe_div(num: jax.Array, den: jax.Array) -> jax.Array:
+  """`num / den`, exactly 0 (value and gradient) wherever `den == 0`."""
+  ok = den != 0
+  return jnp.where(ok, num / jnp.where(ok, den, 1), 0)
+
+
+def safe_sqrt(x: jax.Array) -> jax.Array:
+  """`sqrt(max(x, 0))` whose gradient is 0, not inf, at 0."""
+  ok = x > 0
+  return jnp.where(ok, jnp.sqrt(jnp.where(ok, x, 1)), 0)
+
+
+def exp_clamped(r: jax.Array) -> jax.Array:
+  """`exp(clip(r, -20, 20))`: the only way a log-ratio is exponentiated."""
+  return jnp.exp(jnp.clip(r, -SAFETY_BOUND, SAFETY_BOUND))
+
+
+# --------------------------------------------------------------- token-pooled
+
+
+def count(mask: jax.Array, dtype: jnp.dtype = jnp.float32) -> jax.Array:
+  """Number of True entries of `mask`, as a float scalar."""
+  return jnp.sum(mask, dtype=dtype)
+
+
+def masked_sum(x: jax.Array, mask: jax.Array) -> jax.Array:
+  """`Σ x·m` over every axis."""
+  return jnp.sum(jnp.where(mask, x, jnp.zeros((), x.dtype)))
+
+
+def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+  """`mmean(x) = Σ x·m / Σ m`, 0 when the mask is empty."""
+  x = as_float(x)
+  return safe_div(masked_sum(x, mask), count(mask, x.dtype))
+
+
+def masked_max(x: jax.Array, mask: jax.Array) -> jax.Array:
+  """Max of `x` over the mask, 0 when the mask is empty."""
+  x = as_float(x)
+  m = jnp.max(jnp.where(mask, x, -jnp.inf))
+  return jnp.where(jnp.any(mask), m, jnp.zeros((), x.dtype))
+
+
+def masked_min(x: jax.Array, mask: jax.Array) -> jax.Array:
+  """Min of `x` over the mask, 0 when the mask is empty."""
+  return -masked_max(-as_float(x), mask)
+
+
+# ------------------------------------------------------------------ per row
+
+
+def row_count(mask: jax.Array, dtype: jnp.dtype = jnp.float32) -> jax.Array:
+  """`n_i = Σ_t m`, shape `[B]`."""
+  return jnp.sum(mask, axis=-1, dtype=dtype)
+
+
+def row_sum(x: jax.Array, mask: jax.Array) -> jax.Array:
+  """`Σ_t x·m`, shape `[B]`."""
+  return jnp.sum(jnp.where(mask, x, jnp.zeros((), x.dtype)), axis=-1)
+
+
+def row_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+  """`rmean_i(x) = Σ_t x·m / n_i`, 0 for an empty row, shape `[B]`."""
+  x = as_float(x)
+  return safe_div(row_sum(x, mask), row_count(mask, x.dtype))
+
+
+def row_max(x: jax.Array, mask: jax.Array) -> jax.Array:
+  """Max over each row's valid tokens, 0 for an empty row, shape `[B]`."""
+  x = as_float(x)
+  m = jnp.max(jnp.where(mask, x, -jnp.inf), axis=-1)
+  return jnp.where(jnp.any(mask, axis=-1), m, jnp.zeros((), x.dtype))
+
+
+# ------------------------------------------------------- over non-empty rows
+
+
+def rows_mean(y: jax.Array, valid: jax.Array) -> jax.Array:
+  """`vmean(y)`: mean of a `[B]` vector over the rows where `valid`."""
+  return masked_mean(y, valid)
+
+
+def rows_max(y: jax.Array, valid: jax.Array) -> jax.Array:
+  """`vmax(y)`, 0 when no row is valid."""
+  return masked_max(y, valid)
+
+
+def rows_min(y: jax.Array, valid: jax.Array) -> jax.Array:
+  """`vmin(y)`, 0 when no row is valid."""
+  return masked_min(y, valid)
+
+
+def rows_std(y: jax.Array, valid: jax.Array) -> jax.Array:
+  """`vstd(y)`: unbiased std over valid rows; 0 when at most one is valid."""
+  y = as_float(y)
+  n = count(valid, y.dtype)
+  mean = rows_mean(y, valid)
+  sq = masked_sum(jnp.square(y - mean), valid)
+  return safe_sqrt(safe_div(sq, jnp.maximum(n - 1, 0)))
+
+
+# ------------------------------------------------------------ trace checks
+
+
+def check_mask(mask: jax.Array, name: str = 'mask') -> None:
+  """Raises ValueError unless `mask` is a bool array (checked at trace time)."""
+  if mask is None:
+    raise ValueError(f'{name} is required (a bool [B, T] array), got None')
+  dtype = jnp.asarray(mask).dtype if not hasattr(mask, 'dtype') else mask.dtype
+  if dtype != jnp.bool_:
+    raise ValueError(
+      f'{name} must have dtype bool, got {dtype}; pass mask.astype(bool)'
+    )
+
+
+def check_shapes(
+  arrays: Mapping[str, jax.Array | None], *, ndim: int | None = 2
+) -> None:
+  """Raises ValueError unless every given array has the same shape."""
+  shapes = {k: tuple(jnp.shape(v)) for k, v in arrays.items() if v is not None}
+  if not shapes:
+    return
+  first = next(iter(shapes.values()))
+  if ndim is not None and len(first) != ndim:
+    raise ValueError(
+      f'expected {ndim}-d [B, T] arrays, got shapes '
+      + ', '.join(f'{k}={s}' for k, s in shapes.items())
+    )
+  if any(s != first for s in shapes.values()):
+    raise ValueError(
+      'shape mismatch: ' + ', '.join(f'{k}={s}' for k, s in shapes.items())
+    )
+
+
+def require(value: object, name: str, why: str) -> None:
+  """Raises ValueError naming `name` when a required input is None."""
+  if value is None:
+    raise ValueError(f'{name} is required {why}, got None')

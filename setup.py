@@ -1,0 +1,38 @@
+"""jaxcorr: JAX/TPU RL trainer for LLMs with rollout-training mismatch correction."""
+
+import pathlib
+
+from setuptools import find_packages, setup
+
+setup(
+  name='jaxcorr',
+  version='0.1.0',
+  description=(
+    'JAX/TPU reinforcement-learning trainer for LLMs with rollout correction '
+    '(truncated/masked IS, rejection sampling, vetoes, decoupled and bypass PPO)'
+  ),
+  long_description=pathlib.Path(__file__).with_name('README.md').read_text(),
+  long_description_content_type='text/markdown',
+  python_requires='>=3.11',
+  packages=find_packages(include=['jaxcorr', 'jaxcorr.*', 'configs']),
+  install_requires=[
+    'jax>=0.7',
+    'jaxlib>=0.7',
+    'flax>=0.11',
+    'optax>=0.2',
+    'orbax-checkpoint>=0.11',
+    'chex>=0.1.89',
+    'ml-collections>=1.0',
+    'google-jetstream==0.2.2',
+    'numpy>=1.26',
+    'absl-py>=2.0',
+  ],
+  extras_require={
+    'test': [
+      'pytest>=8',
+      'pytest-xdist>=3.5',
+      'hypothesis>=6.100',
+      'ruff>=0.6',
+    ],
+  },
+)
