@@ -1,10 +1,59 @@
-"""Test-wide JAX setup: 8 fake CPU devices for sharding tests.
+"""Test-wide setup: 8 fake CPU devices, and the golden conformance summary.
 
 The device count must be set before any backend initialises, so it lives here
 and nowhere else; tests that need another count run a subprocess.
 """
 
+import collections
+import re
+
 import jax
+import pytest
 
 jax.config.update('jax_num_cpu_devices', 8)
 jax.config.update('jax_platforms', 'cpu')
+
+_FRAMEWORKS = ('verl', 'skyrl', 'slime', 'prime')
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+    'markers', 'golden(framework): replays a reference-framework golden case'
+  )
+
+
+def _framework(item: pytest.Item) -> str | None:
+  mark = item.get_closest_marker('golden')
+  if mark is not None:
+    return mark.args[0]
+  # Fallback for tests named after the framework they replay.
+  for fw in _FRAMEWORKS:
+    if re.search(rf'(^|[_\[/]){fw}([_\]/]|$)', item.name):
+      return fw
+  return None
+
+
+def pytest_collection_modifyitems(items):
+  for item in items:
+    fw = _framework(item)
+    if fw is not None:
+      item.user_properties.append(('golden', fw))
+
+
+def pytest_terminal_summary(terminalreporter):
+  counts = collections.defaultdict(collections.Counter)
+  for outcome in ('passed', 'failed', 'skipped', 'xfailed'):
+    for rep in terminalreporter.stats.get(outcome, []):
+      fw = dict(getattr(rep, 'user_properties', ())).get('golden')
+      if fw is not None and (rep.when == 'call' or outcome == 'skipped'):
+        counts[fw][outcome] += 1
+  if not counts:
+    return
+  terminalreporter.section('golden conformance per framework')
+  for fw in _FRAMEWORKS:
+    if fw in counts:
+      c = counts[fw]
+      terminalreporter.write_line(
+        f'{fw:6s} {c["passed"]:4d} passed  {c["failed"]:3d} failed  '
+        f'{c["skipped"]:3d} skipped'
+      )

@@ -163,8 +163,13 @@ def load(framework: str) -> GoldenSet:
 
 
 def case_params(framework: str, **filters) -> list:
-  """`pytest.param`s over matching cases, with the case id as test id."""
+  """`pytest.param`s over matching cases, id'd by case and marked `golden`.
+
+  The `golden(framework)` mark feeds the per-framework conformance summary
+  printed at the end of the run (see `conftest.py`).
+  """
   import pytest
 
   gs = load(framework)
-  return [pytest.param(c, id=c['id']) for c in gs.cases(**filters)]
+  mark = pytest.mark.golden(framework)
+  return [pytest.param(c, id=c['id'], marks=mark) for c in gs.cases(**filters)]
