@@ -383,3 +383,11 @@ def test_straight_through_bias_monte_carlo():
   assert err['k2'] < 0.02 * scale + 2e-3, err
   assert err['k3'] > 0.1 * scale, err
   np.testing.assert_allclose(mc_grad('k3+'), mc_grad('k2'), rtol=1e-5)
+
+
+def test_abs_gradient_is_zero_where_logps_agree():
+  # torch's |d| differentiates to sign(d) = 0 at d = 0; so must jaxcorr's.
+  lp = jnp.array([[0.5, -0.25, 0.0]])
+  ref = jnp.array([[0.5, 0.25, -1.0]])
+  g = jax.grad(lambda x: jnp.sum(kl_lib.kl_penalty(x, ref, 'abs')))(lp)
+  np.testing.assert_array_equal(g, [[0.0, -1.0, 1.0]])

@@ -34,7 +34,7 @@ def _k1(d: jax.Array) -> jax.Array:
 
 
 def _abs(d: jax.Array) -> jax.Array:
-  return jnp.abs(d)
+  return masked.abs_sign(d)  # gradient sign(d), 0 at d = 0
 
 
 def _k2(d: jax.Array) -> jax.Array:

@@ -66,6 +66,15 @@ def safe_sqrt(x: jax.Array) -> jax.Array:
   return jnp.where(ok, jnp.sqrt(jnp.where(ok, x, 1)), 0)
 
 
+def abs_sign(d: jax.Array) -> jax.Array:
+  """`|d|` whose gradient is `sign(d)`: 0 at d = 0, as torch's `abs`.
+
+  `jnp.abs` differentiates to 1 at 0; the references' `|δ|` terms give 0
+  there, which matters when two log-probs agree exactly on a token.
+  """
+  return d * jax.lax.stop_gradient(jnp.sign(d))
+
+
 def exp_clamped(r: jax.Array) -> jax.Array:
   """`exp(clip(r, -20, 20))`: the only way a log-ratio is exponentiated."""
   return jnp.exp(jnp.clip(r, -SAFETY_BOUND, SAFETY_BOUND))

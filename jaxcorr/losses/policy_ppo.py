@@ -1,0 +1,277 @@
+"""Ratio-based policy losses: the PPO clip family (spec losses.md §4.2-4.3).
+
+Each function maps sanitised `LossInputs` and the knob dict to the per-token
+loss ℓ `[B, T]` (IS weights included) and its metrics; see `policy_base`.
+Notation: δ = logp − old_logp, δ̂ = clip(δ, ±20), ρ = exp(δ̂), ε_l / ε_h =
+`clip_ratio_low` / `clip_ratio_high`, w = IS weights, sg = stop_gradient,
+`mmean` the masked mean and `rmean` the per-row masked mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+
+from jaxcorr.losses import masked
+from jaxcorr.losses.policy_base import (
+  LossInputs,
+  Metrics,
+  clamp,
+  clip_metrics,
+  mmean,
+  old_delta,
+  rank,
+  weighted,
+  zero,
+)
+
+sg = jax.lax.stop_gradient
+
+
+def _ppo_terms(x: LossInputs, k: Mapping[str, object], rho: jax.Array):
+  """`L1 = −A·ρ` and `L2 = −A·clip(ρ, 1−ε_l, 1+ε_h)`."""
+  lo, hi = 1 - k['clip_ratio_low'], 1 + k['clip_ratio_high']
+  return -x.adv * rho, -x.adv * jnp.clip(rho, lo, hi)
+
+
+def vanilla(
+  x: LossInputs, k: Mapping[str, object]
+) -> tuple[jax.Array, Metrics]:
+  """PPO clip with dual clip (verl; SkyRL regular/dual_clip; slime ppo).
+
+  `L1 = −Aρ`, `L2 = −A·clip(ρ, 1−ε_l, 1+ε_h)`, `Lc = max(L1, L2)`,
+  `L3 = −A·c` (c = `clip_ratio_c`); `ℓ = (A < 0 ? min(L3, Lc) : Lc)·w`.
+  `clip_ratio_c=None` disables the dual clip (`ℓ = Lc·w`).
+  Metrics: `pg_clipfrac = mmean(L2 > L1)`,
+  `pg_clipfrac_lower = mmean(A < 0 ∧ Lc > L3)` (0 without dual clip),
+  `ppo_kl = mmean(−δ̂)`.
+  """
+  d = old_delta(x)
+  l1, l2 = _ppo_terms(x, k, masked.exp_clamped(d))
+  lc = jnp.maximum(l1, l2)
+  c = k['clip_ratio_c']
+  if c is None:
+    loss, lower = lc, zero(x)
+  else:
+    l3 = -x.adv * c
+    neg = x.adv < 0
+    loss = jnp.where(neg, jnp.minimum(l3, lc), lc)
+    lower = mmean(neg & (lc > l3), x)
+  return weighted(loss, x), clip_metrics(x, d, mmean(l2 > l1, x), lower)
+
+
+def gspo(x: LossInputs, k: Mapping[str, object]) -> tuple[jax.Array, Metrics]:
+  """GSPO-token with the stop-gradient trick (verl, SkyRL gspo).
+
+  `s_i = rmean(δ)` (unclamped), `λ = min(logp − sg(logp) + sg(s_i), 10)`,
+  `ρs = exp(λ)` (value `exp(min(s_i, 10))`, gradient of token t only through
+  `logp_t`); `ℓ = max(−A·ρs, −A·clip(ρs, 1−ε_l, 1+ε_h))·w`.
+  Metrics: `pg_clipfrac = mmean(L2 > L1)`, `pg_clipfrac_lower = 0`,
+  `ppo_kl = mmean(−δ̂)`.
+  """
+  d = old_delta(x)
+  s = masked.row_mean(d, x.mask)[:, None]
+  lam = jnp.minimum(x.logp - sg(x.logp) + sg(s), 10.0)
+  l1, l2 = _ppo_terms(x, k, masked.exp_clamped(lam))
+  loss = jnp.maximum(l1, l2)
+  return weighted(loss, x), clip_metrics(x, d, mmean(l2 > l1, x), zero(x))
+
+
+def gspo_seq(
+  x: LossInputs, k: Mapping[str, object]
+) -> tuple[jax.Array, Metrics]:
+  """GSPO-sequence (slime gspo): the ratio keeps its gradient through s_i.
+
+  `s_i = rmean(δ)`, `ρ_i = exp(min(s_i, 10))` broadcast over the row;
+  `ℓ = max(−A·ρ_i, −A·clip(ρ_i, 1−ε_l, 1+ε_h))·w`. Same value as `gspo`;
+  token t receives `(Σ_s ∂ℓ_s/∂ρ_i)·ρ_i·m_t/n_i`. Metrics as `gspo`.
+  """
+  d = old_delta(x)
+  s = masked.row_mean(d, x.mask)[:, None]
+  rho = masked.exp_clamped(jnp.minimum(s, 10.0))
+  l1, l2 = _ppo_terms(x, k, jnp.broadcast_to(rho, d.shape))
+  loss = jnp.maximum(l1, l2)
+  return weighted(loss, x), clip_metrics(x, d, mmean(l2 > l1, x), zero(x))
+
+
+def sapo(x: LossInputs, k: Mapping[str, object]) -> tuple[jax.Array, Metrics]:
+  """SAPO soft gate (verl, SkyRL).
+
+  `τ = tau_pos` where A > 0, else `tau_neg`;
+  `ℓ = −(4/τ)·sigmoid(τ(ρ − 1))·A·w`. Both clip fractions are 0.
+  """
+  d = old_delta(x)
+  rho = masked.exp_clamped(d)
+  tau = jnp.where(x.adv > 0, k['tau_pos'], k['tau_neg']).astype(d.dtype)
+  gate = jax.nn.sigmoid(tau * (rho - 1)) * (4 / tau)
+  loss = -x.adv * gate
+  return weighted(loss, x), clip_metrics(x, d, zero(x), zero(x))
+
+
+def cispo(x: LossInputs, k: Mapping[str, object]) -> tuple[jax.Array, Metrics]:
+  """CISPO (verl, SkyRL, slime): clipped, stop-gradient IS weight on logp.
+
+  κ_l, κ_h = `cispo_clip_low/high`, or ε_l, ε_h when None;
+  `ℓ = −sg(clip(ρ, 1−κ_l, 1+κ_h))·A·logp·w`.
+  Metrics: `pg_clipfrac = mmean(ρ ≠ clip(ρ))`, `pg_clipfrac_lower = 0`.
+  """
+  lo = k['cispo_clip_low']
+  hi = k['cispo_clip_high']
+  lo = k['clip_ratio_low'] if lo is None else lo
+  hi = k['clip_ratio_high'] if hi is None else hi
+  d = old_delta(x)
+  rho = masked.exp_clamped(d)
+  clipped = jnp.clip(rho, 1 - lo, 1 + hi)
+  loss = -sg(clipped) * x.adv * x.logp
+  return weighted(loss, x), clip_metrics(
+    x, d, mmean(rho != clipped, x), zero(x)
+  )
+
+
+def _cov(x: LossInputs) -> jax.Array:
+  """`(A − mmean(A))·(sg logp − mmean(sg logp))`, per token."""
+  lp = sg(x.logp)
+  return (x.adv - mmean(x.adv, x)) * (lp - mmean(lp, x))
+
+
+def clip_cov(
+  x: LossInputs, k: Mapping[str, object]
+) -> tuple[jax.Array, Metrics]:
+  """Clip-Cov (verl, SkyRL): PPO clip with random high-covariance exemptions.
+
+  L1, L2 as in `vanilla` (no dual clip); `cov = (A − mmean A)(logp −
+  mmean sg logp)`; candidates `m ∧ ¬(L2 > L1) ∧ lb < cov < ub`;
+  `n = max(⌊clip_cov_ratio·Σm⌋, 1)`; min(n, #candidates) candidates are
+  drawn uniformly without replacement with `x.key` (uniform scores, the n
+  lowest ranks win), or taken from the injected `x.pick` (D10).
+  `corr = 0` on the picked tokens, else 1; `ℓ = max(L1, L2)·corr·w`.
+  Metrics: `pg_clipfrac = mmean(corr == 0)`, `ppo_kl = mmean(−δ̂)`.
+  """
+  d = old_delta(x)
+  l1, l2 = _ppo_terms(x, k, masked.exp_clamped(d))
+  if x.pick is not None:
+    pick = x.pick & x.mask
+  else:
+    cov = _cov(x)
+    cand = x.mask & ~(l2 > l1)
+    cand = cand & (cov > k['clip_cov_lb']) & (cov < k['clip_cov_ub'])
+    total = masked.count(x.mask, d.dtype)
+    n = jnp.maximum(jnp.floor(k['clip_cov_ratio'] * total), 1)
+    score = jax.random.uniform(x.key, d.shape, d.dtype)
+    score = jnp.where(cand, score, jnp.inf)
+    pick = cand & (rank(score) < n)
+  loss = jnp.where(pick, 0, jnp.maximum(l1, l2))
+  metrics = {
+    'actor/pg_clipfrac': mmean(pick, x),
+    'actor/ppo_kl': mmean(-clamp(d), x),
+  }
+  return weighted(loss, x), metrics
+
+
+def kl_cov(x: LossInputs, k: Mapping[str, object]) -> tuple[jax.Array, Metrics]:
+  """KL-Cov (verl, SkyRL): a |δ| penalty on the top-covariance tokens.
+
+  Over the N valid tokens, `cov = (A − Ā)(sg logp − l̄)` (plain means over
+  the valid tokens); the top `max(1, ⌊N·kl_cov_ratio⌋)` tokens by cov (ties:
+  lower flat index; N = 0 selects nothing) get `−Aρ + ppo_kl_coef·|δ|`, the
+  others `−Aρ`; everything times w. The gradient of `|δ|` is sign(δ), 0 at
+  δ = 0 (torch). Only metric: `ppo_kl = mmean(|δ|)`.
+  """
+  d = old_delta(x)
+  base = -x.adv * masked.exp_clamped(d)
+  with_kl = base + k['ppo_kl_coef'] * masked.abs_sign(d)
+  total = masked.count(x.mask, d.dtype)
+  n = jnp.where(
+    total > 0, jnp.maximum(jnp.floor(total * k['kl_cov_ratio']), 1), 0
+  )
+  score = jnp.where(x.mask, -_cov(x), jnp.inf)
+  top = x.mask & (rank(score) < n)
+  loss = jnp.where(top, with_kl, base)
+  return weighted(loss, x), {'actor/ppo_kl': mmean(jnp.abs(d), x)}
+
+
+def geo_mean(
+  x: LossInputs, k: Mapping[str, object]
+) -> tuple[jax.Array, Metrics]:
+  """GMPO, the geometric-mean sequence loss (verl geo_mean).
+
+  `x_t = sgn(A)·min(sgn(A)·δ̂, sgn(A)·clip(δ̂, −ε_l, ε_h))`,
+  `ρ_i = exp(rmean(x))`, `Â_i = rmean(A)`, `w_i = exp(rmean(log(w + 1e-10)))`
+  (1 without weights); `ℓ_i = −Â_i·ρ_i·w_i`, broadcast over the row, so the
+  natural `seq_mean_token_mean` averages over non-empty rows (D12).
+  Metrics: `pg_clipfrac = mmean(δ̂ ≠ clip δ̂ ∧ A > 0)`,
+  `pg_clipfrac_lower = mmean(δ̂ ≠ clip δ̂ ∧ A < 0)`, `ppo_kl = mmean(−δ̂)`.
+  """
+  d = old_delta(x)
+  dh = clamp(d)
+  dc = jnp.clip(dh, -k['clip_ratio_low'], k['clip_ratio_high'])
+  sgn = jnp.sign(x.adv)
+  xt = sgn * jnp.minimum(sgn * dh, sgn * dc)
+  rho = masked.exp_clamped(masked.row_mean(xt, x.mask))
+  row = -masked.row_mean(x.adv, x.mask) * rho
+  if x.w is not None:
+    log_w = jnp.log(x.w + 1e-10)
+    row = row * jnp.exp(masked.row_mean(log_w, x.mask))
+  loss = jnp.broadcast_to(row[:, None], d.shape)
+  clipped = dh != dc
+  return loss, clip_metrics(
+    x, d, mmean(clipped & (x.adv > 0), x), mmean(clipped & (x.adv < 0), x)
+  )
+
+
+def _dppo(x: LossInputs, k: Mapping[str, object], kind: str):
+  """Shared body of `dppo_tv` and `dppo_kl`."""
+  lo = k['dppo_delta_low']
+  hi = k['dppo_delta_high']
+  lo = k['clip_ratio_low'] if lo is None else lo
+  hi = k['clip_ratio_high'] if hi is None else hi
+  cap = k['dppo_ratio_cap']
+  cap = k['clip_ratio_c'] if cap is None else cap
+  cap = jnp.inf if cap is None else cap
+  d = old_delta(x)
+  rho = masked.exp_clamped(d)
+  lp = sg(x.logp)
+  p, p0 = jnp.exp(lp), jnp.exp(x.old_logp)
+  pos = x.adv > 0
+  if kind == 'tv':
+    valid = jnp.where(pos, p - p0 <= hi, p - p0 >= -lo)
+  else:
+    bkl = p0 * (x.old_logp - lp) + (1 - p0) * jnp.log(
+      (1 - p0 + 1e-8) / (1 - p + 1e-8)
+    )
+    valid = jnp.where(pos, (bkl <= hi) | (p <= p0), (bkl <= lo) | (p >= p0))
+  valid = sg(valid)
+  loss = -x.adv * sg(jnp.minimum(rho, cap)) * x.logp * valid
+  return weighted(loss, x), clip_metrics(
+    x, d, mmean(~valid, x), mmean((rho > cap) & valid, x)
+  )
+
+
+def dppo_tv(
+  x: LossInputs, k: Mapping[str, object]
+) -> tuple[jax.Array, Metrics]:
+  """DPPO binary-TV (verl dppo_tv).
+
+  p = exp(logp), p0 = exp(old_logp); c_d = `dppo_ratio_cap`, else
+  `clip_ratio_c` (no cap when both are None); δ_l, δ_h =
+  `dppo_delta_low/high`, else ε_l, ε_h.
+  `valid = A > 0 ? p − p0 ≤ δ_h : p − p0 ≥ −δ_l` (stop-gradient);
+  `ℓ = −A·sg(min(ρ, c_d))·logp·valid·w`.
+  Metrics: `pg_clipfrac = mmean(¬valid)`,
+  `pg_clipfrac_lower = mmean(ρ > c_d ∧ valid)`, `ppo_kl = mmean(−δ̂)`.
+  """
+  return _dppo(x, k, 'tv')
+
+
+def dppo_kl(
+  x: LossInputs, k: Mapping[str, object]
+) -> tuple[jax.Array, Metrics]:
+  """DPPO binary-KL (verl dppo_kl); as `dppo_tv` with the KL test.
+
+  `bkl = p0·(old_logp − logp) + (1−p0)·log((1−p0+1e-8)/(1−p+1e-8))`,
+  `valid = A > 0 ? (bkl ≤ δ_h ∨ p ≤ p0) : (bkl ≤ δ_l ∨ p ≥ p0)`;
+  `ℓ = −A·sg(min(ρ, c_d))·logp·valid·w`. Metrics as `dppo_tv`.
+  """
+  return _dppo(x, k, 'kl')
