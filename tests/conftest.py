@@ -5,7 +5,6 @@ and nowhere else; tests that need another count run a subprocess.
 """
 
 import collections
-import re
 
 import jax
 import pytest
@@ -24,13 +23,7 @@ def pytest_configure(config):
 
 def _framework(item: pytest.Item) -> str | None:
   mark = item.get_closest_marker('golden')
-  if mark is not None:
-    return mark.args[0]
-  # Fallback for tests named after the framework they replay.
-  for fw in _FRAMEWORKS:
-    if re.search(rf'(^|[_\[/]){fw}([_\]/]|$)', item.name):
-      return fw
-  return None
+  return None if mark is None else mark.args[0]
 
 
 def pytest_collection_modifyitems(items):
