@@ -436,10 +436,26 @@ def _skyrl_loss(a, adv, agg, norm=None, rollout=None):
       rollout_logp=rollout,
       key=jax.random.key(0),
       clip_cov_pick=pick,
+      is_weights=a.get('w'),
       **a['knobs'],
     )
 
   return value_grad(fn, a['logp'])
+
+
+def _skyrl_apply_own_correction(case, a):
+  """Feeds SkyRL's own correction output (its `opc/<combo>` golden, same
+  inputs and config) to jaxcorr's policy loss as mask and IS weights.
+
+  SkyRL's combos order token masks before sequence statistics (D17), so
+  jaxcorr's correction legitimately differs there; this isolates the policy
+  loss, which must then match SkyRL number for number.
+  """
+  gs = gd.load('skyrl')
+  combo = case['id'].rsplit('/', 1)[1]
+  opc = gs.outputs(gs.case(f'opc/{combo}'))
+  a['mask'] = opc['loss_mask'].astype(bool)
+  a['w'] = np.broadcast_to(opc['tis_ratio'], a['mask'].shape)
 
 
 SKYRL_CASES = [
@@ -450,14 +466,23 @@ SKYRL_CASES = [
 
 @pytest.mark.parametrize('case', SKYRL_CASES)
 def test_skyrl_policy_loss(case):
-  if '/combo_' in case['id']:
-    pytest.skip(
-      'D17: SkyRL computes sequence TIS / sequence masks after its token '
-      'masks inside the loss; jaxcorr takes every statistic on the '
-      'pre-rejection mask (and the correction is not part of policy_loss)'
-    )
   gs = gd.load('skyrl')
   a = skyrl_call(case)
+  if '/combo_' in case['id']:
+    if a['name'] in ('gspo', 'gspo_seq'):
+      pytest.skip(
+        "D5/D17: SkyRL's GSPO sequence ratio averages the log-ratio over the "
+        'pre-correction loss_mask; jaxcorr uses the corrected mask for every '
+        'term'
+      )
+    if not policy.USES_IS_WEIGHTS[a['name']]:
+      # SkyRL multiplies TIS weights into a loss that already divides by μ,
+      # correcting twice; jaxcorr refuses that combination (spec §4.2).
+      a['w'] = np.ones_like(a['logp'])
+      with pytest.raises(ValueError, match='is_weights'):
+        _skyrl_loss(a, a['adv'], 'token_sum', rollout=a['rollout'])
+      return
+    _skyrl_apply_own_correction(case, a)
   out = gs.outputs(case)
   rollout = a['rollout']
   if case['id'].endswith('/rollout_None'):
@@ -476,7 +501,12 @@ def test_skyrl_policy_loss(case):
   assert_masked(grad, out['grad_cur_logprobs'], a['mask'])
   clip = out['metrics'].get('clip_ratio')
   mine = metrics.get('actor/pg_clipfrac', metrics.get('actor/prime_is_masked'))
-  if clip is not None and mine is not None:
+  # With a correction, SkyRL's clip_ratio still counts over the original
+  # loss_mask while its loss uses the corrected one; jaxcorr's metrics use
+  # the corrected mask like every other term (D5), so only loss and
+  # gradient are compared there.
+  combo = '/combo_' in case['id']
+  if clip is not None and mine is not None and not combo:
     np.testing.assert_allclose(mine, clip, rtol=RTOL, atol=ATOL)
   if not a['value_ok']:
     return  # dppo binary_kl: gradient and clip fraction only (see above)
@@ -487,6 +517,10 @@ def test_skyrl_policy_loss(case):
   abs_terms = float(jnp.sum(jnp.where(a['mask'], jnp.abs(ell), 0)))
   assert_loss(loss, out['loss'], abs_terms)
   red = a['kw']['config']['loss_reduction']
+  # SkyRL scaled its advantages with the pre-correction mask (D5), so the
+  # raw-advantage check only applies without a correction.
+  if combo:
+    return
   if red in SKYRL_MODES and a['name'] not in SKYRL_NOT_HOMOGENEOUS:
     norm = (
       a['kw']['config']['max_seq_len']
