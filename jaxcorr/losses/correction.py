@@ -319,9 +319,9 @@ def rollout_correction(
   m0 = jnp.asarray(mask)
 
   # §4.2: a non-finite value at a valid token rejects its whole row.
-  nonfinite_train = m0 & ~jnp.isfinite(train_logp)
-  nonfinite_rollout = m0 & ~jnp.isfinite(rollout_logp)
-  bad_row = jnp.any(nonfinite_train | nonfinite_rollout, axis=-1)
+  nonfinite_train = mk.row_count(m0 & ~jnp.isfinite(train_logp), dtype)
+  nonfinite_rollout = mk.row_count(m0 & ~jnp.isfinite(rollout_logp), dtype)
+  bad_row = (nonfinite_train + nonfinite_rollout) > 0
   m = m0 & ~bad_row[:, None]
   train = mk.sanitize(train_logp, m, dtype)
   rollout = mk.sanitize(rollout_logp, m, dtype)
@@ -330,7 +330,7 @@ def rollout_correction(
   valid = n > 0
   seq_log_ratio = _row_sum_pairwise(r, m)  # S_i, unclamped
 
-  metrics = cm.offpolicy_metrics(train, rollout, r, seq_log_ratio, m, valid)
+  metrics = cm.offpolicy_metrics(train, rollout, r, seq_log_ratio, m, n)
   keep = jnp.ones(m.shape, bool)
 
   weights = None
@@ -348,7 +348,7 @@ def rollout_correction(
         w,
         ell,
         m,
-        valid,
+        n,
         mode=cfg.is_mode,
         upper=cfg.is_upper,
         lower=cfg.lower,
@@ -379,7 +379,11 @@ def rollout_correction(
   weights = jnp.where(out_mask, weights, jnp.zeros((), dtype))
   metrics.update(
     cm.rejection_metrics(
-      m0, out_mask, nonfinite_train, nonfinite_rollout, bad_row, dtype
+      mk.row_count(m0, dtype),
+      out_mask,
+      nonfinite_train,
+      nonfinite_rollout,
+      dtype,
     )
   )
   metrics = {METRIC_PREFIX + k: v for k, v in sorted(metrics.items())}

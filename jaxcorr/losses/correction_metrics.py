@@ -35,16 +35,27 @@ def _minus_one(x: jax.Array, nonempty: jax.Array) -> jax.Array:
   return jnp.where(nonempty, x - 1, jnp.zeros((), x.dtype))
 
 
-def _pooled_std(x: jax.Array, m: jax.Array) -> jax.Array:
+def _pooled_std(
+  x: jax.Array,
+  m: jax.Array,
+  mean: jax.Array | None = None,
+  total: jax.Array | None = None,
+) -> jax.Array:
   """`sqrt(max(mmean(x²) − mmean(x)², 0))` if `Σm > 1`, else 0 (verl).
 
   Evaluated in the two-pass form `mmean((x − mmean(x))²)`, the same
   quantity without the cancellation of the one-pass form (verl's float32
-  one-pass value is off by ~4e-6 relative; README "dtypes and tolerances").
+  one-pass value is off by ~4e-6 relative; README "dtypes and tolerances"),
+  so it stays invariant under row permutation and sharding. `mean` and
+  `total` (`mmean(x)`, `Σm`) may be passed when already known.
   """
-  centred = jnp.where(m, x - mk.masked_mean(x, m), jnp.zeros((), x.dtype))
-  std = mk.safe_sqrt(mk.masked_mean(jnp.square(centred), m))
-  return jnp.where(mk.count(m, x.dtype) > 1, std, jnp.zeros((), x.dtype))
+  if total is None:
+    total = mk.count(m, x.dtype)
+  if mean is None:
+    mean = mk.safe_div(mk.masked_sum(x, m), total)
+  centred = jnp.where(m, x - mean, jnp.zeros((), x.dtype))
+  std = mk.safe_sqrt(mk.safe_div(jnp.sum(jnp.square(centred)), total))
+  return jnp.where(total > 1, std, jnp.zeros((), x.dtype))
 
 
 # ------------------------------------------------------------ off-policy
@@ -56,9 +67,13 @@ def offpolicy_metrics(
   r: jax.Array,
   seq_log_ratio: jax.Array,
   m: jax.Array,
-  valid: jax.Array,
+  n: jax.Array,
 ) -> Metrics:
   """The always-emitted mismatch diagnostics (verl).
+
+  Everything that can be is derived from per-row sums, so the whole group
+  costs four passes over the batch (on XLA:CPU each `[B, T]` reduction is
+  its own pass, and the diagnostics dominate the correction's run time).
 
   Args:
     train_logp: sanitised `[B, T]` train log-probs (0 outside `m`).
@@ -66,21 +81,24 @@ def offpolicy_metrics(
     r: `[B, T]` log-ratio `train_logp − rollout_logp` (unclamped).
     seq_log_ratio: `[B]` `S_i = Σ_t r·m` (unclamped).
     m: bool `[B, T]` statistics mask.
-    valid: bool `[B]` non-empty rows.
+    n: `[B]` row lengths on `m` (float).
 
   Returns:
     `training_log_ppl = vmean(−rmean(train_logp))`, `training_ppl =
     vmean(exp(−rmean(train_logp)))` (argument clamped to ±20), the same for
-    the rollout, `kl = mmean(−r)`, `k3_kl = mmean(exp(r̂) − r̂ − 1)`, the
-    `log_ppl_diff*` family over `d_i = rmean(rollout) − rmean(train)`,
-    `ppl_ratio = vmean(exp(clip(d, ±20)))`, `chi2_token = mmean(exp(2r̂)) − 1`
-    and `chi2_seq = vmean(exp(2·clip(S, ±20))) − 1`.
+    the rollout, `kl = mmean(−r) = −Σ_i S_i / Σ_i n_i`, `k3_kl =
+    mmean(exp(r̂) − r̂ − 1)`, the `log_ppl_diff*` family over `d_i =
+    rmean(rollout) − rmean(train)`, `ppl_ratio = vmean(exp(clip(d, ±20)))`,
+    `chi2_token = mmean(exp(2r̂)) − 1` and `chi2_seq = vmean(exp(2·clip(S,
+    ±20))) − 1`.
   """
-  train_nll = -mk.row_mean(train_logp, m)
-  rollout_nll = -mk.row_mean(rollout_logp, m)
+  valid = n > 0
+  total = jnp.sum(n)
+  train_nll = -mk.safe_div(mk.row_sum(train_logp, m), n)
+  rollout_nll = -mk.safe_div(mk.row_sum(rollout_logp, m), n)
   d = train_nll - rollout_nll  # rmean(rollout) − rmean(train)
   r_hat = jnp.clip(r, -_EXP_CAP, _EXP_CAP)
-  any_token = jnp.any(m)
+  any_token = total > 0
   any_row = jnp.any(valid)
   s_hat = jnp.clip(seq_log_ratio, -_EXP_CAP, _EXP_CAP)
   return {
@@ -88,44 +106,47 @@ def offpolicy_metrics(
     'training_ppl': mk.rows_mean(mk.exp_clamped(train_nll), valid),
     'rollout_log_ppl': mk.rows_mean(rollout_nll, valid),
     'rollout_ppl': mk.rows_mean(mk.exp_clamped(rollout_nll), valid),
-    'kl': mk.masked_mean(-r, m),
-    'k3_kl': mk.masked_mean(jnp.exp(r_hat) - r_hat - 1, m),
+    'kl': mk.safe_div(-jnp.sum(seq_log_ratio), total),
+    'k3_kl': mk.safe_div(mk.masked_sum(jnp.exp(r_hat) - r_hat - 1, m), total),
     'log_ppl_diff': mk.rows_mean(d, valid),
     'log_ppl_abs_diff': mk.rows_mean(jnp.abs(d), valid),
     'log_ppl_diff_max': mk.rows_max(d, valid),
     'log_ppl_diff_min': mk.rows_min(d, valid),
     'ppl_ratio': mk.rows_mean(mk.exp_clamped(d), valid),
-    'chi2_token': _minus_one(mk.masked_mean(jnp.exp(2 * r_hat), m), any_token),
+    'chi2_token': _minus_one(
+      mk.safe_div(mk.masked_sum(jnp.exp(2 * r_hat), m), total), any_token
+    ),
     'chi2_seq': _minus_one(mk.rows_mean(jnp.exp(2 * s_hat), valid), any_row),
   }
 
 
 def rejection_metrics(
-  m0: jax.Array,
+  n0: jax.Array,
   out_mask: jax.Array,
   nonfinite_train: jax.Array,
   nonfinite_rollout: jax.Array,
-  bad_row: jax.Array,
   dtype: jnp.dtype,
 ) -> Metrics:
   """Non-finite counters and the overall rejection rates (new in jaxcorr).
 
   Args:
-    m0: bool `[B, T]` input mask.
-    out_mask: bool `[B, T]` output mask.
-    nonfinite_train, nonfinite_rollout: bool `[B, T]`, `m0 ∧ ¬isfinite(·)`.
-    bad_row: bool `[B]` rows with a non-finite value at a valid token.
+    n0: `[B]` row lengths of the input mask `m0` (float).
+    out_mask: bool `[B, T]` output mask (a subset of `m0`, so a row lost a
+      token exactly when its output length is below `n0`).
+    nonfinite_train, nonfinite_rollout: `[B]` per-row counts of input-mask
+      tokens with a non-finite value (float).
     dtype: float dtype of the results.
   """
-  rows0 = jnp.any(m0, axis=-1)
-  lost_row = jnp.any(m0 & ~out_mask, axis=-1)
-  n0 = mk.count(m0, dtype)
+  rows0 = n0 > 0
+  n_out = mk.row_count(out_mask, dtype)
+  total0 = jnp.sum(n0)
+  bad_row = (nonfinite_train + nonfinite_rollout) > 0
   return {
-    'nonfinite_rollout_logp_count': mk.count(nonfinite_rollout, dtype),
-    'nonfinite_train_logp_count': mk.count(nonfinite_train, dtype),
+    'nonfinite_rollout_logp_count': jnp.sum(nonfinite_rollout),
+    'nonfinite_train_logp_count': jnp.sum(nonfinite_train),
     'nonfinite_seq_fraction': _frac(bad_row, rows0, dtype),
-    'rejected_token_fraction': mk.safe_div(n0 - mk.count(out_mask, dtype), n0),
-    'rejected_seq_fraction': _frac(lost_row, rows0, dtype),
+    'rejected_token_fraction': mk.safe_div(total0 - jnp.sum(n_out), total0),
+    'rejected_seq_fraction': _frac(n_out < n0, rows0, dtype),
   }
 
 
@@ -137,7 +158,7 @@ def is_metrics(
   w: jax.Array,
   seq_log_weight: jax.Array | None,
   m: jax.Array,
-  valid: jax.Array,
+  n: jax.Array,
   *,
   mode: str,
   upper: float,
@@ -151,12 +172,22 @@ def is_metrics(
     seq_log_weight: `[B]` `ℓ_i` (`S_i` or `G_i`) for the sequence and
       geometric levels; None at token level.
     m: bool `[B, T]` statistics mask.
-    valid: bool `[B]` non-empty rows.
+    n: `[B]` row lengths on `m` (float).
     mode: the static `is_mode`.
     upper, lower: Cu and Cl (static floats).
   """
   dtype = w.dtype
-  w_cap = jnp.clip(w, 0, upper)  # w' = clip(w, 0, Cu)
+  valid = n > 0
+  total = jnp.sum(n)
+  # Bounded weights already lie in [0, Cu], so w' = clip(w, 0, Cu) is w
+  # itself, and every token-pooled moment comes from per-row sums (each
+  # `[B, T]` reduction is a full pass on XLA:CPU).
+  row_w = mk.row_sum(w, m)
+  mean_w = mk.safe_div(jnp.sum(row_w), total)
+  ess_den = mk.safe_div(
+    mk.masked_sum(jnp.square(w / (mean_w + 1e-8)), m), total
+  )
+  std_w = _pooled_std(w, m, mean_w, total)
   if seq_log_weight is None:
     is_max = mk.masked_max(w, m)
     is_min = mk.masked_min(w, m)
@@ -168,19 +199,17 @@ def is_metrics(
     is_min = jnp.exp(jnp.minimum(mk.rows_min(ell, valid), _EXP_CAP))
     frac_high = _frac(ell > math.log(upper), valid, dtype)
     frac_low = _frac(ell < math.log(lower), valid, dtype)
-  mean_cap = mk.masked_mean(w_cap, m)
-  ess_den = mk.masked_mean(jnp.square(w_cap / (mean_cap + 1e-8)), m)
-  q = mk.row_mean(w, m)
-  q_raw = mk.row_mean(raw, m)
+  q = mk.safe_div(row_w, n)
+  q_raw = mk.safe_div(mk.row_sum(raw, m), n)
   sum_q = mk.masked_sum(q, valid)
   sum_q2 = mk.masked_sum(jnp.square(q), valid)
   out = {
-    'rollout_is_mean': mk.masked_mean(w, m),
+    'rollout_is_mean': mean_w,
     'rollout_is_max': is_max,
     'rollout_is_min': is_min,
     'rollout_is_ratio_fraction_high': frac_high,
     'rollout_is_ratio_fraction_low': frac_low,
-    'rollout_is_std': _pooled_std(w_cap, m),
+    'rollout_is_std': std_w,
     'rollout_is_eff_sample_size': mk.safe_div(jnp.ones((), dtype), ess_den),
     'rollout_is_seq_mean': mk.rows_mean(q, valid),
     'rollout_is_seq_std': mk.rows_std(q, valid),
