@@ -216,7 +216,6 @@ def rejection(
     cfg: the config (`rs`, `rs_bounds`).
   """
   keep_rs = jnp.ones(r.shape, bool)
-  valid = n > 0
   metrics: dict[str, jax.Array] = {}
   ks = kl_statistics(r)
   for criterion, bounds in zip(cfg.rs, cfg.rs_bounds):
@@ -242,7 +241,8 @@ def rejection(
         has_lower=k1,
       )
     )
-  metrics.update(cm.combined_rs_metrics(keep_rs, m, valid, r.dtype))
+  row_level = not any(c.startswith('token_') for c in cfg.rs)
+  metrics.update(cm.combined_rs_metrics(keep_rs, m, n, row_level=row_level))
   return keep_rs, metrics
 
 

@@ -30,6 +30,13 @@ def _frac(cond: jax.Array, mask: jax.Array, dtype: jnp.dtype) -> jax.Array:
   return mk.masked_mean(cond.astype(dtype), mask)
 
 
+def _row_weighted_mean(
+  y: jax.Array, n: jax.Array, total: jax.Array
+) -> jax.Array:
+  """`mmean` of a `[B]` row value broadcast over its row: `Σ n_i·y_i / Σ n`."""
+  return mk.safe_div(jnp.sum(jnp.where(n > 0, n * y, 0)), total)
+
+
 def _minus_one(x: jax.Array, nonempty: jax.Array) -> jax.Array:
   """`x − 1`, but 0 on an empty set (where `x` is the empty mean 0)."""
   return jnp.where(nonempty, x - 1, jnp.zeros((), x.dtype))
@@ -269,26 +276,39 @@ def rs_metrics(
     stat_max, stat_min = mk.masked_max(stat, m), mk.masked_min(stat, m)
     frac_high = _frac(stat > up, m, dtype)
     frac_low = _frac(stat < lo, m, dtype) if has_lower else zero
+    std = _pooled_std(jnp.clip(stat, lo, up), m)
+    masked_fraction = _frac(~keep, m, dtype)
+    failed_row = jnp.any(m & ~keep, axis=-1)
   else:
-    # mmean of the broadcast statistic, as Σ_i n_i·s_i / Σ_i n_i (B terms).
-    stat_mean = mk.safe_div(mk.masked_sum(n * s, valid), jnp.sum(n))
+    # The statistic and the verdict are constant along each row, so every
+    # token-pooled quantity is an n_i-weighted sum over B rows: no pass
+    # over the [B, T] batch at all.
+    total = jnp.sum(n)
+    keep_row = jnp.all(keep[:, :1], axis=-1)  # T = 0 safe
+    stat_mean = _row_weighted_mean(s, n, total)
     stat_max, stat_min = mk.rows_max(s, valid), mk.rows_min(s, valid)
     frac_high, frac_low = seq_high, seq_low
-  failed_row = jnp.any(m & ~keep, axis=-1)
+    x = jnp.clip(s, lo, up)
+    var = _row_weighted_mean(
+      jnp.square(x - _row_weighted_mean(x, n, total)), n, total
+    )
+    std = jnp.where(total > 1, mk.safe_sqrt(var), zero)
+    masked_fraction = _row_weighted_mean((~keep_row).astype(dtype), n, total)
+    failed_row = valid & ~keep_row
   out = {
     'mean': stat_mean,
     'max': stat_max,
     'min': stat_min,
     'fraction_high': frac_high,
     'fraction_low': frac_low,
-    'std': _pooled_std(jnp.clip(stat, lo, up), m),
+    'std': std,
     'seq_mean': mk.rows_mean(s, valid),
     'seq_std': mk.rows_std(s, valid),
     'seq_max': mk.rows_max(s, valid),
     'seq_min': mk.rows_min(s, valid),
     'seq_max_deviation': mk.rows_max(jnp.abs(s), valid),
     'seq_fraction_high': seq_high,
-    'masked_fraction': _frac(~keep, m, dtype),
+    'masked_fraction': masked_fraction,
     'seq_masked_fraction': _frac(failed_row, valid, dtype),
   }
   if has_lower:  # verl emits no seq_fraction_low for k2/k3
@@ -297,12 +317,24 @@ def rs_metrics(
 
 
 def combined_rs_metrics(
-  keep_rs: jax.Array, m: jax.Array, valid: jax.Array, dtype: jnp.dtype
+  keep_rs: jax.Array, m: jax.Array, n: jax.Array, *, row_level: bool
 ) -> Metrics:
-  """`rollout_rs_masked_fraction` and `rollout_rs_seq_masked_fraction`."""
-  failed_row = jnp.any(m & ~keep_rs, axis=-1)
+  """`rollout_rs_masked_fraction` and `rollout_rs_seq_masked_fraction`.
+
+  `row_level`: every criterion is a sequence one, so `keep_rs` is constant
+  along rows and both fractions come from `[B]` vectors.
+  """
+  dtype = n.dtype
+  valid = n > 0
+  if row_level:
+    keep_row = jnp.all(keep_rs[:, :1], axis=-1)
+    masked = _row_weighted_mean((~keep_row).astype(dtype), n, jnp.sum(n))
+    failed_row = valid & ~keep_row
+  else:
+    masked = _frac(~keep_rs, m, dtype)
+    failed_row = jnp.any(m & ~keep_rs, axis=-1)
   return {
-    'rollout_rs_masked_fraction': _frac(~keep_rs, m, dtype),
+    'rollout_rs_masked_fraction': masked,
     'rollout_rs_seq_masked_fraction': _frac(failed_row, valid, dtype),
   }
 
