@@ -406,3 +406,29 @@ def test_d17_geometric_mask_after_outlier_and_token_masks():
   assert (ours != skyrl).any()
   np.testing.assert_array_equal(np.asarray(out.mask), ours)
   np.testing.assert_array_equal(outs['loss_mask'] > 0, skyrl)
+
+
+def test_d7_every_verl_config_error_is_raised_at_build_time():
+  """D7: verl validates lazily, inside the first correction call; jaxcorr
+  raises while the config is built, before any array is seen. Every verl
+  `errors` case that raises a ValueError about the configuration raises
+  from `CorrectionConfig(...)` alone, with the offending field named."""
+  import golden_data
+
+  gs = golden_data.load('verl')
+  checked = 0
+  for case in gs.cases(group='errors', errors=True):
+    err = gs.error(case)
+    call = gm.verl_call(gs, case)
+    data_error = 'mask' in err['message'] or 'shape' in err['message']
+    if err['type'] != 'ValueError' or data_error:
+      continue  # array errors (all-zero mask: D2; shapes: trace time)
+    if case['id'] == 'error/is/geometric/2.0/main':
+      continue  # jaxcorr supports slime's geometric level (spec §4.3)
+    with pytest.raises(ValueError) as info:
+      corr.CorrectionConfig(**call.cfg)
+    fields = corr.CorrectionConfig.__dataclass_fields__
+    named = [f for f in fields if f in str(info.value)]
+    assert named, info.value
+    checked += 1
+  assert checked >= 15, checked

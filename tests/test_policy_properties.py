@@ -664,3 +664,31 @@ def test_gpg_needs_no_old_logp_and_rollout_losses_no_old():
     policy.policy_loss(
       name, b.logp, None, b.adv, b.mask, rollout_logp=b.rollout
     )
+
+
+def test_d10_clip_cov_draw_comes_from_the_jax_key():
+  """D10: clip_cov's random exemption is drawn from an explicit JAX PRNG key
+  (torch uses its global randperm): the same key reproduces the loss
+  exactly under jit, and the draw is a pure function of the key."""
+  rng = np.random.default_rng(0)
+  b, t = 4, 64
+  logp = rng.normal(-1, 0.3, (b, t)).astype(np.float32)
+  old = logp - rng.normal(0, 0.3, (b, t)).astype(np.float32)
+  adv = rng.normal(0, 3, (b, t)).astype(np.float32)
+  mask = np.ones((b, t), bool)
+  knobs = dict(clip_cov_ratio=0.05, clip_cov_lb=-1e9, clip_cov_ub=1e9)
+
+  @jax.jit
+  def grad(key):
+    return jax.grad(
+      lambda x: policy.policy_loss(
+        'clip_cov', x, old, adv, mask, key=key, **knobs
+      )[0]
+    )(logp)
+
+  g0, g0_again = grad(jax.random.key(7)), grad(jax.random.key(7))
+  np.testing.assert_array_equal(g0, g0_again)
+  exempt = [np.asarray(grad(jax.random.key(s)) == 0) for s in range(4)]
+  assert any((e != exempt[0]).any() for e in exempt[1:])
+  with pytest.raises(ValueError, match='key'):
+    policy.policy_loss('clip_cov', logp, old, adv, mask, **knobs)
