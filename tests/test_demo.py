@@ -38,41 +38,31 @@ def test_step_is_finite_and_corrects(preset):
   assert metrics['rollout_corr/kl'] != 0.0
 
 
-def test_cli_runs_one_preset():
-  out = subprocess.run(
-    [
-      sys.executable,
-      '-m',
-      'jaxcorr.demo',
-      '--config=configs/base.py:slime_mis',
-      '--batch=8',
-      '--seq_len=8',
-      '--config.correction.is_upper=3.0',
-    ],
+def _run_cli(*flags: str) -> subprocess.CompletedProcess:
+  return subprocess.run(
+    [sys.executable, '-m', 'jaxcorr.demo', *flags],
     capture_output=True,
     text=True,
     timeout=300,
     env={'JAX_PLATFORMS': 'cpu', 'PATH': '/usr/bin:/bin'},
     cwd=ROOT,
   )
+
+
+def test_cli_runs_one_preset():
+  out = _run_cli(
+    '--config=configs/base.py:slime_mis',
+    '--batch=8',
+    '--seq_len=8',
+    '--config.correction.is_upper=3.0',
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   assert '(--config)' in out.stdout and 'decoupled' in out.stdout
 
 
 def test_cli_config_typo_fails_loudly():
-  out = subprocess.run(
-    [
-      sys.executable,
-      '-m',
-      'jaxcorr.demo',
-      '--config=configs/base.py:slime_mis',
-      '--config.correction.is_uper=3.0',
-    ],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    env={'JAX_PLATFORMS': 'cpu', 'PATH': '/usr/bin:/bin'},
-    cwd=ROOT,
+  out = _run_cli(
+    '--config=configs/base.py:slime_mis', '--config.correction.is_uper=3.0'
   )
   assert out.returncode != 0
   assert 'is_uper' in out.stderr
