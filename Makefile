@@ -19,8 +19,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m 'not slow'
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check --no-cache .
+	$(VENV)/bin/ruff format --check --no-cache .
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
