@@ -49,6 +49,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from configs import presets
+from configs.algorithm import algorithm_section
 
 
 def correction_section() -> ml_collections.ConfigDict:
@@ -160,6 +161,7 @@ def base_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.correction = correction_section()
   config.actor = actor_section()
+  config.algorithm = algorithm_section()
   # Trainer sections (model, rollout, train, ...) are added here.
   return config
 

@@ -13,4 +13,7 @@ Modules:
   policy_base         shared inputs and helpers of the policy losses
   objective           the actor objective (pg + entropy + ref-KL + rollout-KL)
   value               the clipped critic loss
+  advantages          group advantage estimators (grpo, rloo, opo, maxrl, ...)
+  advantages_scan     recursions over time: gae, reinforce++, remax, whitening
+  rewards             reward placement, KL in reward, KL controllers
 """
