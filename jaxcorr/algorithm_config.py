@@ -24,6 +24,7 @@ from typing import Any
 
 import ml_collections
 
+from jaxcorr import config_sections
 from jaxcorr.losses import kl as kl_lib
 from jaxcorr.losses.advantages import AdvantageConfig
 from jaxcorr.losses.rewards import KLControlConfig, check_kl_horizon
@@ -49,41 +50,12 @@ class AlgorithmConfig:
   kl_penalty: str = 'k1'
 
 
-def _values(section: Any) -> dict[str, Any]:
-  if isinstance(section, ml_collections.ConfigDict):
-    return section.to_dict()
-  return dict(section)
-
-
-def _check_keys(path: str, got: dict, allowed: tuple[str, ...]) -> None:
-  unknown = sorted(set(got) - set(allowed))
-  if unknown:
-    raise ValueError(
-      f'{path} has unknown field(s) {", ".join(unknown)}; allowed: '
-      + ', '.join(allowed)
-    )
-
-
-def _construct(cls: type, path: str, kwargs: dict[str, Any]) -> Any:
-  """`cls(**kwargs)`, its errors renamed to the config path."""
-  try:
-    return cls(**kwargs)
-  except ValueError as e:
-    msg = str(e)
-    prefix = f'{cls.__name__}.'
-    if msg.startswith(prefix):
-      msg = f'{path}.{msg[len(prefix) :]}'
-    raise ValueError(msg) from e
-
-
-def _fields(cls: type) -> tuple[str, ...]:
-  return tuple(f.name for f in dataclasses.fields(cls))
-
-
 def kl_control_config(section: Any) -> KLControlConfig | None:
   """The `KLControlConfig` of a `kl_in_reward` section; None when off."""
-  values = _values(section)
-  _check_keys(KL_SECTION, values, ('enabled', *_fields(KLControlConfig)))
+  values = config_sections.values(section)
+  config_sections.check_keys(
+    KL_SECTION, values, ('enabled', *config_sections.fields(KLControlConfig))
+  )
   enabled = values.pop('enabled', False)
   if not isinstance(enabled, bool):
     raise ValueError(
@@ -91,7 +63,7 @@ def kl_control_config(section: Any) -> KLControlConfig | None:
     )
   if not enabled:
     return None
-  return _construct(KLControlConfig, KL_SECTION, values)
+  return config_sections.construct(KLControlConfig, KL_SECTION, values)
 
 
 def build(config: Any) -> AlgorithmConfig:
@@ -110,10 +82,12 @@ def build(config: Any) -> AlgorithmConfig:
     config.get('algorithm'), ml_collections.ConfigDict
   ):
     section = config.algorithm
-  values = _values(section)
-  adv_fields = _fields(AdvantageConfig)
-  _check_keys(SECTION, values, (*adv_fields, 'kl_penalty', 'kl_in_reward'))
-  advantage = _construct(
+  values = config_sections.values(section)
+  adv_fields = config_sections.fields(AdvantageConfig)
+  config_sections.check_keys(
+    SECTION, values, (*adv_fields, 'kl_penalty', 'kl_in_reward')
+  )
+  advantage = config_sections.construct(
     AdvantageConfig,
     SECTION,
     {k: v for k, v in values.items() if k in adv_fields},

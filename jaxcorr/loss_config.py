@@ -30,11 +30,11 @@ of the jitted step.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, NamedTuple
 
 import ml_collections
 
+from jaxcorr import config_sections
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective
 
@@ -54,9 +54,7 @@ def _section(config: Any, name: str) -> dict[str, Any]:
   is_cd = isinstance(config, ml_collections.ConfigDict)
   if is_cd and isinstance(config.get(name), ml_collections.ConfigDict):
     section = config[name]
-  if isinstance(section, ml_collections.ConfigDict):
-    return section.to_dict()
-  return dict(section)
+  return config_sections.values(section)
 
 
 def _none_strings(values: dict[str, Any], names: tuple[str, ...]) -> None:
@@ -64,26 +62,6 @@ def _none_strings(values: dict[str, Any], names: tuple[str, ...]) -> None:
   for name in names:
     if isinstance(values.get(name), str) and values[name].lower() == 'none':
       values[name] = None
-
-
-def _fields(cls: type) -> tuple[str, ...]:
-  return tuple(f.name for f in dataclasses.fields(cls))
-
-
-def _check_keys(section: str, got: dict, allowed: tuple[str, ...]) -> None:
-  unknown = sorted(set(got) - set(allowed))
-  if unknown:
-    raise ValueError(
-      f'config.{section} has unknown field(s) {", ".join(unknown)}; allowed: '
-      + ', '.join(allowed)
-    )
-
-
-def _construct(section: str, cls: type, kwargs: dict[str, Any]) -> Any:
-  try:
-    return cls(**kwargs)
-  except ValueError as e:
-    raise ValueError(f'config.{section}: {e}') from e
 
 
 def correction_config(cd: Any) -> corr_lib.CorrectionConfig | None:
@@ -94,8 +72,8 @@ def correction_config(cd: Any) -> corr_lib.CorrectionConfig | None:
   None means no rejection.
   """
   values = _section(cd, 'correction')
-  fields = _fields(corr_lib.CorrectionConfig)
-  _check_keys('correction', values, (_SWITCH, *fields))
+  fields = config_sections.fields(corr_lib.CorrectionConfig)
+  config_sections.check_keys('config.correction', values, (_SWITCH, *fields))
   enabled = values.pop(_SWITCH, True)
   if not isinstance(enabled, bool):
     raise ValueError(
@@ -107,15 +85,21 @@ def correction_config(cd: Any) -> corr_lib.CorrectionConfig | None:
   for name in ('rs', 'rs_bounds'):
     if name in values and values[name] in ('', None):
       values[name] = ()
-  return _construct('correction', corr_lib.CorrectionConfig, values)
+  return config_sections.construct(
+    corr_lib.CorrectionConfig, 'config.correction', values
+  )
 
 
 def actor_loss_config(cd: Any) -> objective.ActorLossConfig:
   """The `ActorLossConfig` of `cd.actor` (or of an actor section)."""
   values = _section(cd, 'actor')
-  _check_keys('actor', values, _fields(objective.ActorLossConfig))
+  config_sections.check_keys(
+    'config.actor', values, config_sections.fields(objective.ActorLossConfig)
+  )
   _none_strings(values, ('agg',))
-  return _construct('actor', objective.ActorLossConfig, values)
+  return config_sections.construct(
+    objective.ActorLossConfig, 'config.actor', values
+  )
 
 
 def build(

@@ -324,9 +324,10 @@ def test_invalid_combinations_fail_at_build(name, overrides, match):
 
 
 def test_build_messages_name_the_section():
-  with pytest.raises(ValueError, match=r'^config\.correction: '):
+  # The full config path of the field leads the message.
+  with pytest.raises(ValueError, match=r'^config\.correction\.is_mode: '):
     _build('disabled', correction__is_mode='cap')
-  with pytest.raises(ValueError, match=r'^config\.actor: '):
+  with pytest.raises(ValueError, match=r'^config\.actor[.:].*agg'):
     _build('disabled', actor__agg='mean')
 
 
