@@ -26,6 +26,9 @@ setup(
     'google-jetstream==0.2.2',
     'numpy>=1.26',
     'absl-py>=2.0',
+    'ml-dtypes>=0.4',
+    'safetensors>=0.4.3',
+    'tokenizers>=0.19',
   ],
   extras_require={
     'test': [
@@ -33,6 +36,11 @@ setup(
       'pytest-xdist>=3.5',
       'hypothesis>=6.100',
       'ruff>=0.6',
+      # Parity tests of jaxcorr.model against the reference implementation.
+      'torch==2.13.0',
+      'transformers>=4.51',
+      'safetensors>=0.4.3',
+      'tokenizers>=0.19',
     ],
   },
 )

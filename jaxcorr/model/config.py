@@ -1,0 +1,312 @@
+"""`TransformerConfig`: one frozen description of a Llama 3 / Qwen2 / Qwen3 model.
+
+The three families are the same decoder (pre-norm RMSNorm, RoPE, grouped-query
+attention, SwiGLU MLP) with three switches:
+
+* Qwen2 / Qwen2.5: a bias on the q, k and v projections (`qkv_bias`);
+* Qwen3: RMSNorm over the head dim of q and k before RoPE (`qk_norm`), and an
+  explicit `head_dim` that need not equal `hidden_size // num_heads`;
+* Llama 3.1+: RoPE frequencies rescaled for long context (`rope_scaling`).
+
+The config is hashable (every field is a scalar, a string, a tuple or a frozen
+dataclass) because NNX keeps it in the module's static graph, and `jax.jit`
+hashes that graph to cache compilations.
+
+`from_hf_config` reads a Hugging Face `config.json` (transformers 4.x keys
+`rope_theta` / `rope_scaling` and 5.x key `rope_parameters` alike) and refuses
+anything the model does not implement, rather than running a different model
+silently; `to_hf_config` writes a dict that both transformers 4.x and 5.x load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+
+ARCHITECTURES = {
+  'LlamaForCausalLM': 'llama',
+  'Qwen2ForCausalLM': 'qwen2',
+  'Qwen3ForCausalLM': 'qwen3',
+}
+"""Supported Hugging Face architectures and their `model_type`."""
+
+REMAT_POLICIES = ('none', 'full', 'dots')
+"""Per-layer rematerialisation: keep everything, keep nothing (recompute the
+layer in the backward pass), or keep only the matmul outputs."""
+
+
+class UnsupportedModelError(ValueError):
+  """The checkpoint's config asks for something this model does not do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+  """Llama-3 RoPE frequency scaling (HF `rope_type='llama3'`).
+
+  Wavelengths shorter than `original_max_position_embeddings /
+  high_freq_factor` are kept, longer than `... / low_freq_factor` are divided
+  by `factor`, and the band in between is interpolated smoothly.
+  """
+
+  factor: float = 8.0
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Shape, numerics and execution switches of the decoder.
+
+  Params are stored in `param_dtype` and cast to `dtype` (the compute dtype)
+  at use; attention softmax, RMSNorm statistics, RoPE and log-probs are always
+  float32.
+  """
+
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int | None = None  # None: hidden_size // num_heads
+  rms_norm_eps: float = 1e-6
+  rope_theta: float = 10_000.0
+  rope_scaling: RopeScaling | None = None
+  max_position_embeddings: int = 4096
+  qkv_bias: bool = False
+  o_bias: bool = False  # Llama/Qwen3 `attention_bias=True` also biases o_proj
+  qk_norm: bool = False
+  tie_embeddings: bool = False
+  param_dtype: Any = 'float32'
+  dtype: Any = 'float32'
+  remat: str = 'none'
+  scan_layers: bool = False
+  matmul_precision: str | None = None  # e.g. 'highest' for fp32 on TPU
+  initializer_range: float = 0.02
+  architecture: str = 'LlamaForCausalLM'
+  bos_token_id: int | None = None
+  eos_token_id: int | tuple[int, ...] | None = None
+  pad_token_id: int | None = None
+
+  def __post_init__(self):
+    set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+    if self.head_dim is None:
+      if self.hidden_size % self.num_heads:
+        raise ValueError(
+          f'hidden_size={self.hidden_size} is not a multiple of '
+          f'num_heads={self.num_heads}; give head_dim explicitly'
+        )
+      set_('head_dim', self.hidden_size // self.num_heads)
+    set_('param_dtype', jnp.dtype(self.param_dtype))
+    set_('dtype', jnp.dtype(self.dtype))
+    if isinstance(self.eos_token_id, list):
+      set_('eos_token_id', tuple(self.eos_token_id))
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(
+        f'num_heads={self.num_heads} must be a multiple of '
+        f'num_kv_heads={self.num_kv_heads}'
+      )
+    if self.head_dim % 2:
+      raise ValueError(f'head_dim={self.head_dim} must be even for RoPE')
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(
+        f'remat={self.remat!r}: expected one of {REMAT_POLICIES}'
+      )
+    if self.architecture not in ARCHITECTURES:
+      raise UnsupportedModelError(
+        f'architecture {self.architecture!r} is not supported; supported: '
+        f'{sorted(ARCHITECTURES)}'
+      )
+
+  # ------------------------------------------------------------- helpers
+
+  @property
+  def num_groups(self) -> int:
+    """Query heads per key/value head (GQA group size)."""
+    return self.num_heads // self.num_kv_heads
+
+  def replace(self, **changes: Any) -> TransformerConfig:
+    """A copy with `changes` applied (e.g. `dtype='bfloat16'`)."""
+    return dataclasses.replace(self, **changes)
+
+  def num_params(self) -> int:
+    """Parameter count (embeddings included, a tied head counted once)."""
+    d, f, dh = self.hidden_size, self.intermediate_size, self.head_dim
+    q, kv = self.num_heads * dh, self.num_kv_heads * dh
+    attn = d * q + 2 * d * kv + q * d
+    attn += (q + 2 * kv) * self.qkv_bias + d * self.o_bias
+    attn += 2 * dh * self.qk_norm
+    layer = attn + 3 * d * f + 2 * d
+    head = 0 if self.tie_embeddings else self.vocab_size * d
+    return self.vocab_size * d + self.num_layers * layer + d + head
+
+  # ------------------------------------------------------------ HF config
+
+  @classmethod
+  def from_hf_config(
+    cls, source: str | os.PathLike | Mapping[str, Any], **overrides: Any
+  ) -> TransformerConfig:
+    """From a HF `config.json` (a path, a directory holding it, or a dict).
+
+    `overrides` set the fields HF does not carry (`param_dtype`, `dtype`,
+    `remat`, `scan_layers`, `matmul_precision`). Raises
+    `UnsupportedModelError` for an architecture or option this model does
+    not implement, `FileNotFoundError` when there is no config file.
+    """
+    hf = _read_json_config(source)
+    arch = _architecture(hf)
+    act = hf.get('hidden_act', 'silu')
+    if act not in ('silu', 'swish'):
+      raise UnsupportedModelError(f'hidden_act={act!r}: only silu (SwiGLU)')
+    if hf.get('mlp_bias'):
+      raise UnsupportedModelError('mlp_bias=True is not supported')
+    if hf.get('use_sliding_window'):
+      raise UnsupportedModelError(
+        'use_sliding_window=True is not supported (full attention only)'
+      )
+    if float(hf.get('partial_rotary_factor', 1.0)) != 1.0:
+      raise UnsupportedModelError('partial_rotary_factor != 1 is unsupported')
+    theta, scaling = _rope(hf)
+    attention_bias = bool(hf.get('attention_bias', False))
+    n_heads = hf['num_attention_heads']
+    fields = dict(
+      vocab_size=hf['vocab_size'],
+      hidden_size=hf['hidden_size'],
+      intermediate_size=hf['intermediate_size'],
+      num_layers=hf['num_hidden_layers'],
+      num_heads=n_heads,
+      num_kv_heads=hf.get('num_key_value_heads') or n_heads,
+      head_dim=hf.get('head_dim') or hf['hidden_size'] // n_heads,
+      rms_norm_eps=hf.get('rms_norm_eps', 1e-6),
+      rope_theta=theta,
+      rope_scaling=scaling,
+      max_position_embeddings=hf.get('max_position_embeddings', 4096),
+      # Qwen2 always biases q/k/v (and never o); the others follow the flag.
+      qkv_bias=arch == 'Qwen2ForCausalLM' or attention_bias,
+      o_bias=arch != 'Qwen2ForCausalLM' and attention_bias,
+      qk_norm=arch == 'Qwen3ForCausalLM',
+      tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
+      initializer_range=hf.get('initializer_range', 0.02),
+      architecture=arch,
+      bos_token_id=hf.get('bos_token_id'),
+      eos_token_id=hf.get('eos_token_id'),
+      pad_token_id=hf.get('pad_token_id'),
+    )
+    fields.update(overrides)
+    return cls(**fields)
+
+  def to_hf_config(self, torch_dtype: Any = None) -> dict[str, Any]:
+    """The HF `config.json` dict of this model (for `save_hf`).
+
+    Writes the RoPE settings in both the 4.x (`rope_theta`, `rope_scaling`)
+    and 5.x (`rope_parameters`) spelling so either version reads it.
+    """
+    dtype = jnp.dtype(torch_dtype or self.param_dtype).name
+    rope: dict[str, Any] = {
+      'rope_type': 'default',
+      'rope_theta': self.rope_theta,
+    }
+    scaling = None
+    if self.rope_scaling is not None:
+      scaling = {'rope_type': 'llama3', **dataclasses.asdict(self.rope_scaling)}
+      rope.update(scaling)
+    eos = self.eos_token_id
+    hf = dict(
+      architectures=[self.architecture],
+      model_type=ARCHITECTURES[self.architecture],
+      vocab_size=self.vocab_size,
+      hidden_size=self.hidden_size,
+      intermediate_size=self.intermediate_size,
+      num_hidden_layers=self.num_layers,
+      num_attention_heads=self.num_heads,
+      num_key_value_heads=self.num_kv_heads,
+      head_dim=self.head_dim,
+      hidden_act='silu',
+      rms_norm_eps=self.rms_norm_eps,
+      rope_theta=self.rope_theta,
+      rope_scaling=scaling,
+      rope_parameters=rope,
+      max_position_embeddings=self.max_position_embeddings,
+      tie_word_embeddings=self.tie_embeddings,
+      initializer_range=self.initializer_range,
+      bos_token_id=self.bos_token_id,
+      eos_token_id=list(eos) if isinstance(eos, tuple) else eos,
+      pad_token_id=self.pad_token_id,
+      torch_dtype=dtype,
+      dtype=dtype,
+      use_cache=True,
+    )
+    if self.architecture == 'Qwen2ForCausalLM':
+      if self.o_bias or not self.qkv_bias:
+        raise UnsupportedModelError('Qwen2 has q/k/v biases and no o bias')
+      hf.update(use_sliding_window=False, sliding_window=None)
+    else:
+      if self.qkv_bias != self.o_bias:
+        raise UnsupportedModelError(
+          f'{self.architecture} biases q, k, v and o together or not at all'
+        )
+      hf['attention_bias'] = self.qkv_bias
+    if self.architecture == 'Qwen3ForCausalLM':
+      hf.update(use_sliding_window=False, sliding_window=None)
+    if self.qk_norm != (self.architecture == 'Qwen3ForCausalLM'):
+      raise UnsupportedModelError('q/k RMSNorm exists only in Qwen3')
+    if self.architecture == 'LlamaForCausalLM':
+      hf['mlp_bias'] = False
+    return hf
+
+
+def _read_json_config(
+  source: str | os.PathLike | Mapping[str, Any],
+) -> dict[str, Any]:
+  if isinstance(source, Mapping):
+    return dict(source)
+  path = os.fspath(source)
+  if os.path.isdir(path):
+    path = os.path.join(path, 'config.json')
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'no Hugging Face config file at {path}')
+  with open(path) as f:
+    return json.load(f)
+
+
+def _architecture(hf: Mapping[str, Any]) -> str:
+  archs = hf.get('architectures') or []
+  for arch in archs:
+    if arch in ARCHITECTURES:
+      return arch
+  by_type = {v: k for k, v in ARCHITECTURES.items()}
+  if not archs and hf.get('model_type') in by_type:
+    return by_type[hf['model_type']]
+  raise UnsupportedModelError(
+    f'unsupported architecture {archs or hf.get("model_type")!r}; '
+    f'supported: {sorted(ARCHITECTURES)}'
+  )
+
+
+def _rope(hf: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
+  """(theta, scaling) from either the 4.x or the 5.x spelling."""
+  params = dict(hf.get('rope_parameters') or {})
+  if hf.get('rope_scaling'):
+    params = {**dict(hf['rope_scaling']), **params}
+  theta = float(params.get('rope_theta', hf.get('rope_theta', 10_000.0)))
+  kind = params.get('rope_type', params.get('type', 'default'))
+  if kind == 'default':
+    return theta, None
+  if kind != 'llama3':
+    raise UnsupportedModelError(
+      f'rope type {kind!r} is not supported (default and llama3 are)'
+    )
+  return theta, RopeScaling(
+    factor=float(params['factor']),
+    low_freq_factor=float(params['low_freq_factor']),
+    high_freq_factor=float(params['high_freq_factor']),
+    original_max_position_embeddings=int(
+      params['original_max_position_embeddings']
+    ),
+  )

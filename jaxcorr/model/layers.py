@@ -1,0 +1,313 @@
+"""The decoder's building blocks: RMSNorm, RoPE, GQA attention, SwiGLU, layer.
+
+Shapes: B batch, S query length, T key length (S, or the KV-cache length when
+decoding), D hidden size, H query heads, K key/value heads, G = H / K query
+heads per KV head, Dh head dim, F MLP width.
+
+Parameters are stored in the layout the computation wants (kernels
+[in..., out...], heads split out: q kernel [D, H, Dh], o kernel [H, Dh, D]) in
+`param_dtype`, and every `nnx.Param` carries `logical_axes` naming its
+dimensions for `jaxcorr.sharding`. They are cast to the compute dtype at use.
+Numerically sensitive steps run in float32 whatever the compute dtype: RMSNorm
+statistics, RoPE rotation, attention scores and softmax (as transformers
+does, so bf16 runs stay close to the reference).
+
+`Attention` and `DecoderLayer` take an optional per-layer KV cache `(k, v)`
+([B, T, K, Dh] each) and a write index; without one they run the plain
+training / scoring forward.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxcorr.model.config import RopeScaling, TransformerConfig
+from jaxcorr.sharding import constrain
+
+LayerCache = tuple[jax.Array, jax.Array]
+"""One layer's KV cache: (k, v), each [B, T, K, Dh]."""
+
+_NEG_INF = float(
+  np.finfo(np.float32).min
+)  # finite: a fully masked row stays NaN-free
+
+
+def matmul_precision(cfg: TransformerConfig) -> jax.lax.Precision | None:
+  """The config's `matmul_precision` as a `jax.lax.Precision` (or None)."""
+  p = cfg.matmul_precision
+  return None if p is None else jax.lax.Precision[p.upper()]
+
+
+def param(
+  rngs: nnx.Rngs | None,
+  shape: tuple[int, ...],
+  axes: tuple[str | None, ...],
+  cfg: TransformerConfig,
+  init: str = 'normal',
+) -> nnx.Param:
+  """A Param of `shape` with logical dimension names `axes`."""
+  if init == 'normal':
+    value = cfg.initializer_range * jax.random.normal(
+      rngs.params(), shape, cfg.param_dtype
+    )
+  elif init == 'ones':
+    value = jnp.ones(shape, cfg.param_dtype)
+  else:
+    value = jnp.zeros(shape, cfg.param_dtype)
+  return nnx.Param(value, logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+  """x / rms(x) * scale over the last axis; statistics in float32."""
+
+  def __init__(self, dim: int, cfg: TransformerConfig):
+    self.eps = cfg.rms_norm_eps
+    self.dtype = cfg.dtype
+    self.scale = param(None, (dim,), ('norm',), cfg, init='ones')
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """[..., dim] -> [..., dim] in the compute dtype."""
+    x32 = x.astype(jnp.float32)
+    var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+    # Cast before the scale multiply, in the order transformers uses, so the
+    # bf16 rounding points are the same.
+    y = (x32 * jax.lax.rsqrt(var + self.eps)).astype(self.dtype)
+    return y * self.scale[...].astype(self.dtype)
+
+
+class Linear(nnx.Module):
+  """An einsum projection with optional bias, e.g. 'bsd,dhk->bshk'."""
+
+  def __init__(
+    self,
+    equation: str,
+    kernel_shape: tuple[int, ...],
+    kernel_axes: tuple[str | None, ...],
+    cfg: TransformerConfig,
+    *,
+    bias_axes: tuple[str | None, ...] | None = None,
+    rngs: nnx.Rngs,
+  ):
+    self.equation = equation
+    self.dtype = cfg.dtype
+    self.precision = matmul_precision(cfg)
+    self.kernel = param(rngs, kernel_shape, kernel_axes, cfg)
+    bias = None
+    if bias_axes is not None:
+      out = equation.split('->')[1]
+      k_in = equation.split('->')[0].split(',')[1]
+      shape = tuple(kernel_shape[k_in.index(c)] for c in out if c in k_in)
+      bias = param(rngs, shape, bias_axes, cfg, init='zeros')
+    self.bias = bias
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    y = jnp.einsum(
+      self.equation,
+      x.astype(self.dtype),
+      self.kernel[...].astype(self.dtype),
+      precision=self.precision,
+    )
+    if self.bias is not None:
+      y = y + self.bias[...].astype(self.dtype)
+    return y
+
+
+# ------------------------------------------------------------------ RoPE
+
+
+def rope_frequencies(
+  head_dim: int, theta: float, scaling: RopeScaling | None
+) -> np.ndarray:
+  """Inverse frequencies [Dh / 2], float32, computed as transformers does.
+
+  With Llama-3 `scaling`, long wavelengths are divided by `factor` and the
+  band between the two cut-offs is interpolated.
+  """
+  exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+  inv = (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
+  if scaling is None:
+    return inv
+  s = scaling
+  low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+  high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+  wavelen = (np.float32(2 * np.pi) / inv).astype(np.float32)
+  scaled = np.where(wavelen > low_wavelen, inv / np.float32(s.factor), inv)
+  smooth = (
+    s.original_max_position_embeddings / wavelen - s.low_freq_factor
+  ) / (s.high_freq_factor - s.low_freq_factor)
+  smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+  medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+  return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_tables(
+  positions: jax.Array, inv_freq: np.ndarray
+) -> tuple[jax.Array, jax.Array]:
+  """(cos, sin), each [B, S, Dh / 2] float32, for integer `positions` [B, S]."""
+  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, rope: tuple[jax.Array, jax.Array]) -> jax.Array:
+  """Rotate [B, S, N, Dh] by `rope` (half-split layout, as HF `rotate_half`)."""
+  cos, sin = (t[:, :, None, :] for t in rope)
+  x32 = x.astype(jnp.float32)
+  x1, x2 = jnp.split(x32, 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+# ------------------------------------------------------------- attention
+
+
+def attend(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  mask: jax.Array,
+  precision: jax.lax.Precision | None = None,
+) -> jax.Array:
+  """Grouped-query attention. q [B, S, H, Dh], k/v [B, T, K, Dh], mask
+  [B or 1, S, T] (True = attend) -> [B, S, H, Dh].
+
+  Plain XLA einsums: the [B, K, G, S, T] float32 scores are materialised. A
+  fused kernel (splash / flash attention) taking segment ids would replace
+  this function only.
+  """
+  b, s, h, dh = q.shape
+  kv = k.shape[2]
+  q = q.reshape(b, s, kv, h // kv, dh)
+  scores = jnp.einsum(
+    'bskgd,btkd->bkgst',
+    q,
+    k,
+    precision=precision,
+    preferred_element_type=jnp.float32,
+  )
+  scores = scores * (dh**-0.5)
+  scores = jnp.where(mask[:, None, None], scores, _NEG_INF)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum('bkgst,btkd->bskgd', probs, v, precision=precision)
+  return out.reshape(b, s, h, dh)
+
+
+class Attention(nnx.Module):
+  """Causal GQA self-attention with RoPE, optional qkv bias and q/k norm."""
+
+  def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    d, h, kv, dh = (
+      cfg.hidden_size,
+      cfg.num_heads,
+      cfg.num_kv_heads,
+      cfg.head_dim,
+    )
+    qkv_bias = cfg.qkv_bias
+    self.precision = matmul_precision(cfg)
+    self.q_proj = Linear(
+      'bsd,dhk->bshk',
+      (d, h, dh),
+      ('embed', 'heads', 'head_dim'),
+      cfg,
+      bias_axes=('heads', 'head_dim') if qkv_bias else None,
+      rngs=rngs,
+    )
+    kv_axes = ('embed', 'kv_heads', 'head_dim')
+    kv_bias = ('kv_heads', 'head_dim') if qkv_bias else None
+    self.k_proj = Linear(
+      'bsd,dhk->bshk', (d, kv, dh), kv_axes, cfg, bias_axes=kv_bias, rngs=rngs
+    )
+    self.v_proj = Linear(
+      'bsd,dhk->bshk', (d, kv, dh), kv_axes, cfg, bias_axes=kv_bias, rngs=rngs
+    )
+    self.o_proj = Linear(
+      'bshk,hkd->bsd',
+      (h, dh, d),
+      ('heads', 'head_dim', 'embed'),
+      cfg,
+      bias_axes=('norm',) if cfg.o_bias else None,
+      rngs=rngs,
+    )
+    self.q_norm = RMSNorm(dh, cfg) if cfg.qk_norm else None
+    self.k_norm = RMSNorm(dh, cfg) if cfg.qk_norm else None
+
+  def __call__(
+    self,
+    x: jax.Array,
+    rope: tuple[jax.Array, jax.Array],
+    mask: jax.Array,
+    cache: LayerCache | None = None,
+    cache_index: jax.Array | None = None,
+  ) -> tuple[jax.Array, LayerCache | None]:
+    """x [B, S, D] -> ([B, S, D], updated cache or None).
+
+    With a cache, this step's k/v are written at slots [cache_index,
+    cache_index + S) and the queries attend over all T cache slots (`mask`
+    is then [B, S, T] and hides empty or foreign slots).
+    """
+    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    if self.q_norm is not None:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q, k = apply_rope(q, rope), apply_rope(k, rope)
+    q = constrain(q, ('batch', 'seq', 'act_heads', None))
+    k = constrain(k, ('batch', 'seq', 'act_kv_heads', None))
+    v = constrain(v, ('batch', 'seq', 'act_kv_heads', None))
+    if cache is not None:
+      start = (0, cache_index, 0, 0)
+      k = jax.lax.dynamic_update_slice(
+        cache[0], k.astype(cache[0].dtype), start
+      )
+      v = jax.lax.dynamic_update_slice(
+        cache[1], v.astype(cache[1].dtype), start
+      )
+      cache = (k, v)
+      k, v = k.astype(q.dtype), v.astype(q.dtype)
+    out = attend(q, k, v, mask, self.precision)
+    return self.o_proj(out), cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    self.gate_proj = Linear(
+      'bsd,df->bsf', (d, f), ('embed', 'mlp'), cfg, rngs=rngs
+    )
+    self.up_proj = Linear(
+      'bsd,df->bsf', (d, f), ('embed', 'mlp'), cfg, rngs=rngs
+    )
+    self.down_proj = Linear(
+      'bsf,fd->bsd', (f, d), ('mlp', 'embed'), cfg, rngs=rngs
+    )
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    h = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
+    h = constrain(h, ('batch', 'seq', 'act_mlp'))
+    return self.down_proj(h)
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x))."""
+
+  def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    self.attn_norm = RMSNorm(cfg.hidden_size, cfg)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.mlp_norm = RMSNorm(cfg.hidden_size, cfg)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(
+    self,
+    x: jax.Array,
+    rope: tuple[jax.Array, jax.Array],
+    mask: jax.Array,
+    cache: LayerCache | None = None,
+    cache_index: jax.Array | None = None,
+  ) -> tuple[jax.Array, LayerCache | None]:
+    """x [B, S, D] -> ([B, S, D], updated cache or None)."""
+    h, cache = self.attn(self.attn_norm(x), rope, mask, cache, cache_index)
+    x = x + h
+    x = x + self.mlp(self.mlp_norm(x))
+    return constrain(x, ('batch', 'seq', 'act_embed')), cache

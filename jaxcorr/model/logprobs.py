@@ -1,0 +1,180 @@
+"""Per-token log-probs (and entropies) without materialising [B, T, V] logits.
+
+Every log-prob in the trainer comes from here: policy, reference and the
+decoupled "old" policy alike. For tokens [B, S] the log-prob of token t + 1
+given tokens 0..t is
+
+    logp[b, t] = log softmax(logits[b, t] / temperature)[tokens[b, t + 1]]
+
+for t in [0, S - 1), always float32. With V ~ 150k a float32 logits tensor
+is B * S * 600 KB (5 GB for 8 x 1024 tokens), and autodiff would keep
+another copy for the backward pass. `logprobs_from_hidden` instead scans
+over chunks of `chunk_size` positions: each chunk projects [B, c, D] hidden
+states to [B, c, V] logits, reduces them to log-probs at once, and is wrapped
+in `jax.checkpoint`, so the backward pass recomputes one chunk's logits at a
+time too. Peak memory is about 3 x B x c x V x 4 bytes instead of
+2 x B x S x V x 4 (measured in `bench/model.py`).
+
+Temperature: the rollout engine samples from softmax(logits / T); the
+trainer must score with the same T or every importance ratio is off.
+
+Packed rows: the log-prob at the first token of a segment is "predicted"
+from the previous segment's last token and means nothing; callers mask it
+(with the response mask they already have).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxcorr.model.layers import matmul_precision
+from jaxcorr.model.transformer import Transformer
+from jaxcorr.sharding import constrain
+
+DEFAULT_CHUNK = 128
+
+
+def _temperature(temperature: float | jax.Array, batch: int) -> jax.Array:
+  """Temperature as [B or 1, 1, 1] float32 (a scalar or one per row)."""
+  t = jnp.asarray(temperature, jnp.float32)
+  if t.ndim == 0:
+    return t.reshape(1, 1, 1)
+  if t.shape != (batch,):
+    raise ValueError(f'temperature shape {t.shape}: expected () or ({batch},)')
+  return t.reshape(batch, 1, 1)
+
+
+def _chunk_stats(
+  hidden: jax.Array,
+  targets: jax.Array,
+  head: jax.Array,
+  temp: jax.Array,
+  dtype: jnp.dtype,
+  precision: jax.lax.Precision | None,
+  with_entropy: bool,
+) -> tuple[jax.Array, jax.Array | None]:
+  """hidden [B, c, D], targets [B, c] -> (logp [B, c], entropy [B, c] | None)."""
+  logits = jnp.einsum(
+    'bcd,vd->bcv',
+    hidden.astype(dtype),
+    head.astype(dtype),
+    precision=precision,
+    preferred_element_type=jnp.float32,
+  )
+  logits = constrain(logits, ('batch', 'seq', 'act_vocab')) / temp
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  logp = picked - lse
+  if not with_entropy:
+    return logp, None
+  probs = jnp.exp(logits - lse[..., None])
+  entropy = lse - jnp.sum(probs * logits, axis=-1)
+  return logp, entropy
+
+
+def logprobs_from_hidden(
+  hidden: jax.Array,
+  head: jax.Array,
+  targets: jax.Array,
+  *,
+  temperature: float | jax.Array = 1.0,
+  chunk_size: int = DEFAULT_CHUNK,
+  return_entropy: bool = False,
+  dtype: jnp.dtype | None = None,
+  precision: jax.lax.Precision | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+  """log softmax(hidden @ head.T / T) at `targets`, chunked over positions.
+
+  Args:
+    hidden: [B, T, D] final hidden states.
+    head: [V, D] output projection.
+    targets: [B, T] int token ids to score.
+    temperature: scalar or [B].
+    chunk_size: positions per chunk (memory ~ 3 * B * chunk * V * 4 bytes).
+    return_entropy: also return the entropy of softmax(logits / T).
+    dtype: matmul input dtype (default: hidden's); accumulation is float32.
+    precision: matmul precision (None: backend default).
+
+  Returns:
+    logp [B, T] float32, or (logp, entropy) with `return_entropy`.
+  """
+  b, t, d = hidden.shape
+  dtype = dtype or hidden.dtype
+  temp = _temperature(temperature, b)
+  c = max(1, min(chunk_size, t))
+  n = -(-t // c)
+  pad = n * c - t
+  h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+  y = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad)))
+  # [n, B, c, ...]: the scan runs over chunks, each chunk keeps the batch
+  # axis (and its sharding) intact.
+  h = h.reshape(b, n, c, d).swapaxes(0, 1)
+  y = y.reshape(b, n, c).swapaxes(0, 1)
+
+  # Checkpointed: the backward pass recomputes a chunk's logits instead of
+  # the scan saving all n of them (which would be the full [B, T, V] again).
+  @jax.checkpoint
+  def chunk(h_c, y_c, head, temp):
+    return _chunk_stats(h_c, y_c, head, temp, dtype, precision, return_entropy)
+
+  def body(carry, xs):
+    return carry, chunk(xs[0], xs[1], head, temp)
+
+  _, (logp, ent) = jax.lax.scan(body, None, (h, y))
+  logp = logp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+  if not return_entropy:
+    return logp
+  return logp, ent.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+
+
+def token_logprobs(
+  model: Transformer,
+  tokens: jax.Array,
+  *,
+  temperature: float | jax.Array = 1.0,
+  positions: jax.Array | None = None,
+  segment_ids: jax.Array | None = None,
+  return_entropy: bool = False,
+  chunk_size: int = DEFAULT_CHUNK,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+  """Log-probs [B, S - 1] float32 of tokens[:, 1:] given their prefixes.
+
+  `positions` / `segment_ids` [B, S] as in `Transformer.hidden_states`
+  (packed sequences). With `return_entropy`, also the [B, S - 1] entropy of
+  each next-token distribution at the same temperature.
+  """
+  hidden, _ = model.hidden_states(
+    tokens, positions=positions, segment_ids=segment_ids
+  )
+  cfg = model.config
+  return logprobs_from_hidden(
+    hidden[:, :-1],
+    model.head_weight(),
+    tokens[:, 1:],
+    temperature=temperature,
+    chunk_size=chunk_size,
+    return_entropy=return_entropy,
+    dtype=cfg.dtype,
+    precision=matmul_precision(cfg),
+  )
+
+
+def naive_token_logprobs(
+  model: Transformer,
+  tokens: jax.Array,
+  *,
+  temperature: float | jax.Array = 1.0,
+  positions: jax.Array | None = None,
+  segment_ids: jax.Array | None = None,
+  return_entropy: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+  """Reference for `token_logprobs` that materialises the full [B, S, V]
+  logits (tests and the memory benchmark)."""
+  logits = model(tokens, positions=positions, segment_ids=segment_ids)[:, :-1]
+  logits = logits / _temperature(temperature, tokens.shape[0])
+  logp_all = jax.nn.log_softmax(logits, axis=-1)
+  logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
+  if not return_entropy:
+    return logp
+  return logp, -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)

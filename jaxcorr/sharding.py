@@ -1,0 +1,267 @@
+"""Device mesh, the one logical-axis rules table, and shardings built from it.
+
+Models name *logical* axes only (`('embed', 'mlp')` for an MLP kernel,
+`('batch', 'seq', 'act_embed')` for an activation); `LOGICAL_RULES` is the
+single place that maps them onto the mesh axes `data`, `fsdp` and `tensor`:
+
+* `data`: pure data parallelism (params replicated across it);
+* `fsdp`: data parallelism whose params and optimizer state are sharded
+  (ZeRO-3): every weight's `embed` dimension is split over it;
+* `tensor`: Megatron-style tensor parallelism over heads, MLP width and vocab.
+
+The batch is split over `data` x `fsdp` together. A mesh axis is dropped from
+a dimension it does not divide (2 KV heads on a tensor axis of 4 are
+replicated), and never used twice in one spec, so every rule is safe for any
+model size; `docs/models.md` gives the usual mesh for 0.5B to 70B.
+
+The mesh uses `AxisType.Auto` axes: the model is written for GSPMD-style
+propagation from parameter and batch shardings plus `constrain` hints, not
+for sharding-in-types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ('data', 'fsdp', 'tensor')
+
+LogicalAxes = tuple[str | None, ...]
+
+LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+  # Parameters.
+  ('vocab', 'tensor'),
+  ('embed', 'fsdp'),
+  ('mlp', 'tensor'),
+  ('heads', 'tensor'),
+  ('kv_heads', 'tensor'),
+  ('head_dim', None),
+  ('layers', None),  # scan-over-layers stacking axis
+  ('norm', None),
+  # Activations. Their feature axes never use `fsdp`: the batch already does.
+  ('batch', ('data', 'fsdp')),
+  ('seq', None),
+  ('cache_seq', None),
+  ('act_embed', None),
+  ('act_heads', 'tensor'),
+  ('act_kv_heads', 'tensor'),
+  ('act_mlp', 'tensor'),
+  ('act_vocab', 'tensor'),
+)
+"""Logical axis -> mesh axis (or axes, or None = replicated)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Mesh axis sizes; exactly one may be -1, meaning "all the rest"."""
+
+  data: int = 1
+  fsdp: int = -1
+  tensor: int = 1
+
+  @classmethod
+  def from_any(cls, config: Any) -> MeshConfig:
+    """From a MeshConfig, a mapping or a ConfigDict with the three fields."""
+    if config is None:
+      return cls()
+    if isinstance(config, cls):
+      return config
+    default = cls()
+    if isinstance(config, Mapping) or hasattr(config, 'get'):
+      values = {a: config.get(a, getattr(default, a)) for a in MESH_AXES}
+    else:
+      values = {a: getattr(config, a, getattr(default, a)) for a in MESH_AXES}
+    return cls(**{a: int(v) for a, v in values.items()})
+
+  def shape(self, num_devices: int) -> tuple[int, int, int]:
+    """The (data, fsdp, tensor) sizes on `num_devices` devices."""
+    sizes = [self.data, self.fsdp, self.tensor]
+    if sizes.count(-1) > 1:
+      raise ValueError(f'at most one mesh axis may be -1: {self}')
+    if any(s == 0 or s < -1 for s in sizes):
+      raise ValueError(f'mesh axis sizes must be positive or -1: {self}')
+    known = math.prod(s for s in sizes if s != -1)
+    if -1 in sizes:
+      if num_devices % known:
+        raise ValueError(f'{num_devices} devices do not divide into {self}')
+      sizes[sizes.index(-1)] = num_devices // known
+    if math.prod(sizes) != num_devices:
+      raise ValueError(
+        f'{self} needs {math.prod(sizes)} devices, have {num_devices}'
+      )
+    return tuple(sizes)
+
+
+def make_mesh(
+  config: Any = None, *, devices: Sequence[jax.Device] | None = None
+) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh over `devices` (default: all).
+
+  `config` is a `MeshConfig`, or any mapping / ConfigDict with `data`,
+  `fsdp`, `tensor`; the default puts every device on `fsdp`.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  shape = MeshConfig.from_any(config).shape(len(devices))
+  return jax.make_mesh(
+    shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices
+  )
+
+
+# ------------------------------------------------------------------ rules
+
+
+def logical_to_spec(
+  axes: Sequence[str | None],
+  *,
+  shape: Sequence[int] | None = None,
+  mesh: Mesh | jax.sharding.AbstractMesh | None = None,
+  rules: Sequence[tuple[str, Any]] = LOGICAL_RULES,
+) -> PartitionSpec:
+  """The PartitionSpec of an array whose dimensions are named `axes`.
+
+  With `shape` and `mesh` given, a mesh axis that does not divide its
+  dimension is dropped (that dimension is replicated over it), as are mesh
+  axes the mesh does not have. A mesh axis is used at most once per spec.
+  """
+  table = dict(rules)
+  sizes = dict(mesh.shape) if mesh is not None else None
+  used: set[str] = set()
+  spec = []
+  for i, name in enumerate(axes):
+    if name is not None and name not in table:
+      raise KeyError(f'logical axis {name!r} has no rule in LOGICAL_RULES')
+    target = table.get(name) if name is not None else None
+    mesh_axes = (target,) if isinstance(target, str) else tuple(target or ())
+    kept = []
+    dim = None if shape is None else shape[i]
+    for ax in mesh_axes:
+      if ax in used or (sizes is not None and ax not in sizes):
+        continue
+      if sizes is not None and dim is not None:
+        n = sizes[ax] * math.prod(sizes[k] for k in kept)
+        if dim % n:
+          continue
+      kept.append(ax)
+      used.add(ax)
+    spec.append(
+      None if not kept else kept[0] if len(kept) == 1 else tuple(kept)
+    )
+  return PartitionSpec(*spec)
+
+
+def logical_sharding(
+  axes: Sequence[str | None], mesh: Mesh, shape: Sequence[int] | None = None
+) -> NamedSharding:
+  """`NamedSharding` of an array with logical dimension names `axes`."""
+  return NamedSharding(mesh, logical_to_spec(axes, shape=shape, mesh=mesh))
+
+
+def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+  """Sharding hint on activation `x` under the mesh set by `jax.set_mesh`.
+
+  A no-op outside a mesh context (single device, tests, eager use).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return x
+  spec = logical_to_spec(axes, shape=x.shape, mesh=mesh)
+  return jax.lax.with_sharding_constraint(x, spec)
+
+
+# ------------------------------------------------- params / optimizer / batch
+
+
+def _var_axes(v: nnx.Variable) -> LogicalAxes:
+  axes = v.get_metadata().get('logical_axes')
+  if axes is None or len(axes) != len(v.shape):
+    raise ValueError(
+      f'variable of shape {v.shape} has logical_axes={axes!r}; every model '
+      'parameter must name one logical axis per dimension'
+    )
+  return tuple(axes)
+
+
+def param_shardings(state: Any, mesh: Mesh) -> Any:
+  """Shardings for an `nnx.State` (or module) of logically annotated params.
+
+  Returns the same tree with a `NamedSharding` in place of each value, usable
+  as `jax.jit(..., out_shardings=...)` or with `jax.device_put`.
+  """
+  if isinstance(state, nnx.Module):
+    state = nnx.state(state, nnx.Param)
+
+  def one(v):
+    if isinstance(v, nnx.Variable):
+      return v.replace(logical_sharding(_var_axes(v), mesh, v.shape))
+    return NamedSharding(mesh, PartitionSpec())
+
+  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def opt_state_shardings(
+  tx: Any, opt_state: Any, params_shardings: Any, mesh: Mesh
+) -> Any:
+  """Shardings for an optax state: each copy of the param tree inside it (Adam
+  moments, ...) is sharded like the params, everything else (step counts,
+  scalars) replicated. `opt_state` may be abstract (`jax.eval_shape`).
+  """
+  import optax  # optional here: only trainers need it
+
+  replicated = NamedSharding(mesh, PartitionSpec())
+  return optax.tree_map_params(
+    tx,
+    lambda _, s: s,
+    opt_state,
+    params_shardings,
+    transform_non_params=lambda _: replicated,
+    is_leaf=lambda x: isinstance(x, nnx.Variable),
+  )
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+  """Batch-major arrays ([B, ...]): rows over `data` x `fsdp`."""
+  return logical_sharding(('batch',) + (None,) * (ndim - 1), mesh)
+
+
+def shard_batch(batch: Any, mesh: Mesh) -> Any:
+  """`device_put` every array of a batch pytree with `batch_sharding`.
+
+  Rows must divide by data x fsdp; a batch that does not is an input error,
+  so it raises instead of silently replicating.
+  """
+  n = math.prod(mesh.shape[a] for a in ('data', 'fsdp'))
+
+  def put(x):
+    x = np.asarray(x) if not isinstance(x, jax.Array) else x
+    if x.ndim == 0:
+      return jax.device_put(x, NamedSharding(mesh, PartitionSpec()))
+    if x.shape[0] % n:
+      raise ValueError(f'batch of {x.shape[0]} rows does not split over {n}')
+    return jax.device_put(x, batch_sharding(mesh, x.ndim))
+
+  return jax.tree.map(put, batch)
+
+
+def init_sharded(make_model, mesh: Mesh):
+  """Build `make_model()` (an NNX module) with every param born sharded.
+
+  The module is traced abstractly first, so no device ever holds a full
+  replica of a param it does not own.
+  """
+  abstract = nnx.eval_shape(make_model)
+  graphdef, abs_state = nnx.split(abstract)
+  shardings = param_shardings(abs_state, mesh)
+
+  def init():
+    return nnx.state(make_model())
+
+  with jax.set_mesh(mesh):
+    state = jax.jit(init, out_shardings=shardings)()
+  return nnx.merge(graphdef, state)

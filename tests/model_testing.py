@@ -1,0 +1,120 @@
+"""Shared helpers for the model tests: tiny configs and random checkpoints."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxcorr.model import (
+  Transformer,
+  TransformerConfig,
+  naive_token_logprobs,
+  token_logprobs,
+)
+
+VOCAB = 128
+
+# Jitted entry points: the tests call these, never the eager op-by-op path.
+logprobs = nnx.jit(
+  token_logprobs, static_argnames=('return_entropy', 'chunk_size')
+)
+naive_logprobs = nnx.jit(
+  naive_token_logprobs, static_argnames=('return_entropy',)
+)
+
+
+@nnx.jit
+def forward(model, tokens, segment_ids=None):
+  return model(tokens, segment_ids=segment_ids)
+
+
+@nnx.jit
+def hidden(model, tokens, segment_ids=None):
+  return model.hidden_states(tokens, segment_ids=segment_ids)[0]
+
+
+def tiny_config(**changes) -> TransformerConfig:
+  """A Qwen2-shaped model (q/k/v biases): 8 query heads over 2 KV heads."""
+  base = dict(
+    architecture='Qwen2ForCausalLM',
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=8,
+    num_kv_heads=2,
+    qkv_bias=True,
+    initializer_range=0.15,
+  )
+  base.update(changes)
+  return TransformerConfig(**base)
+
+
+def random_model(cfg: TransformerConfig, seed: int = 0) -> Transformer:
+  """A model with random weights, norms and biases (not 1s and 0s).
+
+  Values come from NumPy into an abstract model: a jitted NNX init spends
+  seconds compiling threefry for every param, which these tests do not need.
+  """
+  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  rng = np.random.default_rng(seed)
+  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    noise = rng.normal(size=var.shape).astype(np.float32)
+    if path[-1] == 'scale':
+      value = 1.0 + 0.2 * noise
+    elif path[-1] == 'bias':
+      value = 0.2 * noise
+    else:
+      value = cfg.initializer_range * noise
+    var.set_value(jnp.asarray(value, cfg.param_dtype))
+  return model
+
+
+def random_tokens(batch: int, seq: int, seed: int = 0) -> jax.Array:
+  return jnp.asarray(
+    np.random.default_rng(seed).integers(0, VOCAB, (batch, seq)), jnp.int32
+  )
+
+
+def stack_layers(state: nnx.State) -> dict:
+  """Flat {path: array} of a state in scan layout: ('layers', i, ...) of a
+  list-of-layers state stacked into ('layers', ...); a scan state as is."""
+  flat = {tuple(p): v.get_value() for p, v in nnx.to_flat_state(state)}
+  out, layers = {}, {}
+  for p, x in flat.items():
+    if p[0] == 'layers' and isinstance(p[1], int):
+      layers.setdefault((p[0], *p[2:]), {})[p[1]] = x
+    else:
+      out[p] = x
+  for p, by_index in layers.items():
+    out[p] = jnp.stack([by_index[i] for i in sorted(by_index)])
+  return out
+
+
+def flat_values(state: nnx.State) -> dict:
+  return {tuple(p): v.get_value() for p, v in nnx.to_flat_state(state)}
+
+
+def with_config(model: Transformer, **changes) -> Transformer:
+  """The same weights under `model.config.replace(**changes)`; a change of
+  `scan_layers` restacks the layer params."""
+  cfg = model.config.replace(**changes)
+  out = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  state = nnx.state(model, nnx.Param)
+  if cfg.scan_layers == model.config.scan_layers:
+    values = flat_values(state)
+  elif cfg.scan_layers:
+    values = stack_layers(state)
+  else:
+    values = {}
+    for p, x in flat_values(state).items():
+      if p[0] != 'layers':
+        values[p] = x
+        continue
+      for i in range(cfg.num_layers):
+        values[(p[0], i, *p[1:])] = x[i]
+  for p, var in nnx.to_flat_state(nnx.state(out, nnx.Param)):
+    var.set_value(values[tuple(p)].astype(cfg.param_dtype))
+  return out
