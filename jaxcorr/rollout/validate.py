@@ -1,0 +1,161 @@
+"""Host-side checks of a `RolloutBatch` before it goes to the device
+(`spec/rollout_contract.md` §7).
+
+Every failure is a `ValueError` naming the field, the first rows concerned
+and the rule, so a broken engine adapter is caught at the boundary instead
+of biasing importance ratios downstream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxcorr.rollout.types import FinishReason, RolloutBatch
+
+_LOGP_TOL = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationConfig:
+  """The sampling and rollout settings a batch is checked against."""
+
+  vocab_size: int
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  min_p: float = 0.0
+  samples_per_prompt: int = 1
+  needs_rollout_logp: bool = True
+  logprob_mode: str = 'full'  # 'full' | 'truncated'
+  allow_nonfinite_logp: bool = False
+  trainer_version: int | None = None  # None: no upper bound check
+
+  @property
+  def truncation(self) -> bool:
+    return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+
+def _fail(field: str, rows: np.ndarray, rule: str):
+  rows = np.flatnonzero(rows)
+  if rows.size:
+    raise ValueError(
+      f'RolloutBatch.{field}: rows {rows[:5].tolist()} '
+      f'({rows.size} in all) violate: {rule}'
+    )
+
+
+def _check_array(batch, name, shape, kind):
+  x = getattr(batch, name)
+  if x is None:
+    raise ValueError(f'RolloutBatch.{name}: missing (rule: required field)')
+  x = np.asarray(x)
+  if x.shape != shape or x.dtype != np.dtype(kind):
+    raise ValueError(
+      f'RolloutBatch.{name}: shape {x.shape} dtype {x.dtype}, expected '
+      f'{shape} {np.dtype(kind)} (rule: §4 layout)'
+    )
+  return x
+
+
+def validate_rollout_batch(batch: RolloutBatch, cfg: ValidationConfig):
+  """Raise ValueError on the first violated rule of §7; return None."""
+  b, t = np.shape(batch.response_tokens)
+  p = np.shape(batch.prompt_tokens)[1]
+  bt, bp = (b, t), (b, p)
+  a = {
+    name: _check_array(batch, name, shape, kind)
+    for name, shape, kind in [
+      ('prompt_tokens', bp, np.int32),
+      ('prompt_mask', bp, np.bool_),
+      ('response_tokens', bt, np.int32),
+      ('context_mask', bt, np.bool_),
+      ('response_mask', bt, np.bool_),
+      ('temperature', (b,), np.float32),
+      ('top_k', (b,), np.int32),
+      ('top_p', (b,), np.float32),
+      ('min_p', (b,), np.float32),
+      ('policy_version', bt, np.int32),
+      ('finish_reason', (b,), np.int8),
+      ('group_id', (b,), np.int32),
+      ('sample_id', (b,), np.int32),
+    ]
+  }
+  mask, ctx = a['response_mask'], a['context_mask']
+  _fail(
+    'finish_reason',
+    ~np.isin(a['finish_reason'], [int(r) for r in FinishReason]),
+    'a valid FinishReason value',
+  )
+  pad = a['finish_reason'] == FinishReason.PAD
+  # 2. Masks.
+  _fail('response_mask', (mask & ~ctx).any(1), 'response_mask ⊆ context_mask')
+  pad_masks = a['prompt_mask'].any(1) | ctx.any(1) | mask.any(1)
+  _fail('prompt_mask', pad & pad_masks, 'PAD rows have all masks False')
+  _fail(
+    'prompt_mask',
+    ~pad & ~a['prompt_mask'].any(1),
+    'every non-PAD row has a prompt token',
+  )
+  # 3-5. Log-probs.
+  logp = None
+  if cfg.needs_rollout_logp or cfg.logprob_mode == 'truncated':
+    logp = _check_array(batch, 'rollout_logp', bt, np.float32)
+    if not cfg.allow_nonfinite_logp:
+      _fail(
+        'rollout_logp',
+        (mask & ~np.isfinite(logp)).any(1),
+        'finite on response_mask',
+      )
+    _fail(
+      'rollout_logp',
+      (mask & (logp > _LOGP_TOL)).any(1),
+      f'<= {_LOGP_TOL} on response_mask (a positive log-prob means a '
+      'wrong definition)',
+    )
+  if cfg.truncation or cfg.logprob_mode == 'truncated':
+    trunc = _check_array(batch, 'rollout_logp_truncated', bt, np.float32)
+    _fail(
+      'rollout_logp_truncated',
+      (mask & ~np.isfinite(trunc)).any(1),
+      'finite on response_mask',
+    )
+    if logp is not None:
+      _fail(
+        'rollout_logp_truncated',
+        (mask & (trunc < logp - _LOGP_TOL)).any(1),
+        '>= rollout_logp - 1e-6 on response_mask',
+      )
+  # 6. Sampling parameters equal the configured ones.
+  for name in ('temperature', 'top_k', 'top_p', 'min_p'):
+    want = getattr(cfg, name)
+    _fail(name, ~pad & (a[name] != want), f'equals the configured {want}')
+  _fail('temperature', a['temperature'] <= 0, 'τ > 0')
+  # 7. Groups.
+  gid = a['group_id']
+  _fail('group_id', (gid < 0) | (gid >= b), f'group_id in [0, {b})')
+  live = ~pad & (a['finish_reason'] != FinishReason.ABORT)
+  live &= a['finish_reason'] != FinishReason.ERROR
+  counts = np.bincount(gid[~pad], minlength=b)
+  _fail(
+    'group_id',
+    live & (counts[np.clip(gid, 0, b - 1)] > cfg.samples_per_prompt),
+    f'at most samples_per_prompt={cfg.samples_per_prompt} members per group',
+  )
+  # 8. Versions and token ids.
+  ver = a['policy_version']
+  bad_ver = mask & (ver < 0)
+  if cfg.trainer_version is not None:
+    bad_ver |= mask & (ver > cfg.trainer_version)
+  _fail('policy_version', bad_ver.any(1), '0 <= version <= trainer_version')
+  for name, m in (
+    ('prompt_tokens', a['prompt_mask']),
+    ('response_tokens', ctx),
+  ):
+    tok = a[name]
+    _fail(
+      name,
+      (m & ((tok < 0) | (tok >= cfg.vocab_size))).any(1),
+      f'token ids in [0, {cfg.vocab_size})',
+    )
