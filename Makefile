@@ -28,3 +28,5 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/losses.py
+	$(PY) bench/model.py
+	$(PY) bench/rollout.py
