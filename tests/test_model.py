@@ -361,3 +361,30 @@ def test_matmul_precision_field_is_accepted():
     forward(model, tokens), forward(base, tokens), atol=1e-5
   )
   assert dataclasses.replace(model.config, matmul_precision=None) == base.config
+
+
+def test_padded_vocab_columns_are_minus_inf_for_trainer_and_entropy():
+  """Rollout contract §1: logit columns past the tokenizer's real vocabulary
+  are -inf, so log-probs and entropy are those of the real-token softmax."""
+  real = VOCAB - 28
+  model = random_model(tiny_config(real_vocab_size=real), seed=3)
+  full = random_model(tiny_config(), seed=3)  # same weights, no masking
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, real, (2, 12)))
+  z = forward(full, tokens)[:, :-1] / 0.8
+  assert np.all(np.isneginf(np.asarray(forward(model, tokens))[..., real:]))
+  want = jax.nn.log_softmax(z[..., :real], axis=-1)
+  want_lp = jnp.take_along_axis(want, tokens[:, 1:, None], -1)[..., 0]
+  want_ent = -jnp.sum(jnp.exp(want) * want, axis=-1)
+  for fn in (logprobs, naive_logprobs):
+    lp, ent = fn(model, tokens, temperature=0.8, return_entropy=True)
+    np.testing.assert_allclose(lp, want_lp, atol=1e-5)
+    np.testing.assert_allclose(ent, want_ent, atol=1e-5)
+  grad = jax.grad(
+    lambda h: logprobs_from_hidden(
+      h, model.head_weight(), tokens[:, 1:], return_entropy=True,
+      real_vocab_size=real,
+    )[1].sum()
+  )(hidden(model, tokens)[:, :-1])  # fmt: skip
+  assert np.all(np.isfinite(grad))
+  with pytest.raises(ValueError, match='real_vocab_size'):
+    tiny_config(real_vocab_size=VOCAB + 1)

@@ -93,6 +93,11 @@ class TransformerConfig:
   bos_token_id: int | None = None
   eos_token_id: int | tuple[int, ...] | None = None
   pad_token_id: int | None = None
+  # The tokenizer's real vocabulary when the embedding is padded (Qwen2.5:
+  # 151936 rows for 151665 tokens). Logit columns >= it are set to -inf in
+  # every forward, trainer and engine alike (rollout contract §1). None:
+  # every column is a real token.
+  real_vocab_size: int | None = None
 
   def __post_init__(self):
     set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -107,6 +112,13 @@ class TransformerConfig:
     set_('dtype', jnp.dtype(self.dtype))
     if isinstance(self.eos_token_id, list):
       set_('eos_token_id', tuple(self.eos_token_id))
+    if self.real_vocab_size is not None and not (
+      0 < self.real_vocab_size <= self.vocab_size
+    ):
+      raise ValueError(
+        f'real_vocab_size={self.real_vocab_size}: expected None or an int in '
+        f'(0, vocab_size={self.vocab_size}]'
+      )
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
         f'num_heads={self.num_heads} must be a multiple of '

@@ -29,7 +29,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxcorr.model.layers import matmul_precision
-from jaxcorr.model.transformer import Transformer
+from jaxcorr.model.transformer import (
+  Transformer,
+  entropy_terms,
+  mask_padded_vocab,
+)
 from jaxcorr.sharding import constrain
 
 DEFAULT_CHUNK = 128
@@ -53,6 +57,7 @@ def _chunk_stats(
   dtype: jnp.dtype,
   precision: jax.lax.Precision | None,
   with_entropy: bool,
+  real_vocab_size: int | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
   """hidden [B, c, D], targets [B, c] -> (logp [B, c], entropy [B, c] | None)."""
   logits = jnp.einsum(
@@ -62,6 +67,7 @@ def _chunk_stats(
     precision=precision,
     preferred_element_type=jnp.float32,
   )
+  logits = mask_padded_vocab(logits, real_vocab_size)
   logits = constrain(logits, ('batch', 'seq', 'act_vocab')) / temp
   lse = jax.nn.logsumexp(logits, axis=-1)
   picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
@@ -69,7 +75,7 @@ def _chunk_stats(
   if not with_entropy:
     return logp, None
   probs = jnp.exp(logits - lse[..., None])
-  entropy = lse - jnp.sum(probs * logits, axis=-1)
+  entropy = lse - jnp.sum(entropy_terms(probs, logits), axis=-1)
   return logp, entropy
 
 
@@ -83,6 +89,7 @@ def logprobs_from_hidden(
   return_entropy: bool = False,
   dtype: jnp.dtype | None = None,
   precision: jax.lax.Precision | None = None,
+  real_vocab_size: int | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
   """log softmax(hidden @ head.T / T) at `targets`, chunked over positions.
 
@@ -95,6 +102,7 @@ def logprobs_from_hidden(
     return_entropy: also return the entropy of softmax(logits / T).
     dtype: matmul input dtype (default: hidden's); accumulation is float32.
     precision: matmul precision (None: backend default).
+    real_vocab_size: columns at or past it are padding, set to -inf.
 
   Returns:
     logp [B, T] float32, or (logp, entropy) with `return_entropy`.
@@ -116,7 +124,9 @@ def logprobs_from_hidden(
   # the scan saving all n of them (which would be the full [B, T, V] again).
   @jax.checkpoint
   def chunk(h_c, y_c, head, temp):
-    return _chunk_stats(h_c, y_c, head, temp, dtype, precision, return_entropy)
+    return _chunk_stats(
+      h_c, y_c, head, temp, dtype, precision, return_entropy, real_vocab_size
+    )
 
   def body(carry, xs):
     return carry, chunk(xs[0], xs[1], head, temp)
@@ -157,6 +167,7 @@ def token_logprobs(
     return_entropy=return_entropy,
     dtype=cfg.dtype,
     precision=matmul_precision(cfg),
+    real_vocab_size=cfg.real_vocab_size,
   )
 
 
@@ -177,4 +188,4 @@ def naive_token_logprobs(
   logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
   if not return_entropy:
     return logp
-  return logp, -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+  return logp, -jnp.sum(entropy_terms(jnp.exp(logp_all), logp_all), axis=-1)

@@ -44,6 +44,28 @@ _REMAT_POLICY = {
 }
 
 
+def mask_padded_vocab(
+  logits: jax.Array, real_vocab_size: int | None
+) -> jax.Array:
+  """Sets logit columns >= `real_vocab_size` to -inf (rollout contract §1).
+
+  Padding columns exist only for sharding or alignment; both the trainer and
+  the engine must drop them, or every importance ratio is biased by the
+  probability mass the padding absorbs.
+  """
+  v = logits.shape[-1]
+  if real_vocab_size is None or real_vocab_size >= v:
+    return logits
+  real = jnp.arange(v) < real_vocab_size
+  return jnp.where(real, logits, jnp.array(-jnp.inf, logits.dtype))
+
+
+def entropy_terms(probs: jax.Array, logits: jax.Array) -> jax.Array:
+  """`p·z` per column, 0 where z = -inf (p = 0 there; avoids 0·inf)."""
+  finite = jnp.isfinite(logits)
+  return probs * jnp.where(finite, logits, jnp.zeros((), logits.dtype))
+
+
 @flax.struct.dataclass
 class KVCache:
   """Keys/values of every layer for incremental decoding.
@@ -157,7 +179,10 @@ class Transformer(nnx.Module):
     return self.final_norm(x), cache
 
   def logits(self, hidden: jax.Array) -> jax.Array:
-    """hidden [B, S, D] -> logits [B, S, V] float32 (fp32 accumulation)."""
+    """hidden [B, S, D] -> logits [B, S, V] float32 (fp32 accumulation).
+
+    Columns past `config.real_vocab_size` (embedding padding) are -inf.
+    """
     cfg = self.config
     out = jnp.einsum(
       'bsd,vd->bsv',
@@ -166,6 +191,7 @@ class Transformer(nnx.Module):
       precision=matmul_precision(cfg),
       preferred_element_type=jnp.float32,
     )
+    out = mask_padded_vocab(out, cfg.real_vocab_size)
     return constrain(out, ('batch', 'seq', 'act_vocab'))
 
   def __call__(
