@@ -29,8 +29,8 @@ from ml_collections import config_flags
 from configs import base as base_config
 from configs import presets
 from jaxcorr import loss_config
+from jaxcorr.losses import advantages, objective, rewards
 from jaxcorr.losses import correction as corr_lib
-from jaxcorr.losses import objective
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config',
@@ -91,10 +91,16 @@ def simulate(key: jax.Array, mismatch: str, b: int, t: int, v: int) -> dict:
   # The response ends at (and includes) the first EOS (token 0).
   eos_seen = jnp.cumsum(toks == 0, axis=1) - (toks == 0)
   mask = eos_seen == 0
-  # Reward: share of even tokens; GRPO-style normalisation over the batch.
+  # Reward: share of even tokens; GRPO advantages with the whole batch as
+  # one group (every sequence answers the same empty prompt).
   n = jnp.maximum(mask.sum(1), 1)
   reward = jnp.sum((toks % 2 == 0) & mask, 1) / n
-  adv = (reward - reward.mean()) / (reward.std() + 1e-6)
+  adv, _ = advantages.compute_advantages(
+    'grpo',
+    rewards.place_at_last_token(reward, mask),
+    mask,
+    jnp.zeros((b,), jnp.int32),
+  )
   theta = table + 0.05 * jax.random.normal(k_theta, table.shape)
   return dict(
     table=table,
@@ -104,7 +110,7 @@ def simulate(key: jax.Array, mismatch: str, b: int, t: int, v: int) -> dict:
     mask=mask,
     old_logp=token_logp(table, prev, toks),
     rollout_logp=rollout_logp,
-    advantages=jnp.broadcast_to(adv[:, None], toks.shape),
+    advantages=adv,
   )
 
 

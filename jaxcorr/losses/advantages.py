@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from collections.abc import Callable
 from typing import Any, NamedTuple, NoReturn
 
@@ -75,7 +74,7 @@ def _fail(field: str, value: Any, allowed: str, why: str = '') -> NoReturn:
 
 def _unit_interval(field: str, value: Any) -> float:
   allowed = 'a float in [0, 1]'
-  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+  if not masked.is_number(value):
     _fail(field, value, allowed, 'not a number')
   out = float(value)
   if not 0.0 <= out <= 1.0:
@@ -111,7 +110,7 @@ class AdvantageConfig:
     if not isinstance(self.norm_adv_by_std, bool):
       _fail('norm_adv_by_std', self.norm_adv_by_std, 'True or False')
     allowed = 'a finite float >= 0'
-    if isinstance(self.eps, bool) or not isinstance(self.eps, numbers.Real):
+    if not masked.is_number(self.eps):
       _fail('eps', self.eps, allowed, 'not a number')
     if not (math.isfinite(self.eps) and self.eps >= 0):
       _fail('eps', self.eps, allowed)
@@ -311,8 +310,7 @@ def _check_estimator(estimator: Any) -> str:
 
 def _check_static_unit(name: str, value: Any) -> None:
   """Range check for a Python-number γ/λ (traced values are not checked)."""
-  is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-  if is_number and not 0.0 <= float(value) <= 1.0:
+  if masked.is_number(value) and not 0.0 <= float(value) <= 1.0:
     raise ValueError(f'{name}={value!r} is invalid; allowed: [0, 1]')
 
 

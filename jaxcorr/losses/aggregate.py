@@ -49,8 +49,7 @@ def canonical_mode(mode: str, field: str = 'agg') -> str:
 
 
 def _check_norm(norm: float | None) -> None:
-  is_number = isinstance(norm, (int, float)) and not isinstance(norm, bool)
-  if is_number and not norm > 0:
+  if masked.is_number(norm) and not norm > 0:
     raise ValueError(f'norm must be > 0, got {norm!r}')
 
 

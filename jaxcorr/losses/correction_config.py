@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Any, NoReturn
+
+from jaxcorr.losses import masked
 
 MODES = ('decoupled', 'bypass')
 BYPASS_LOSSES = ('ppo_clip', 'reinforce')
@@ -63,7 +64,7 @@ def _choice(field: str, value: Any, allowed: tuple, optional: bool = False):
 
 def _real(field: str, value: Any, allowed: str) -> float:
   """A finite Python float; bools, strings and arrays are rejected."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+  if not masked.is_number(value):
     _fail(field, value, allowed, 'not a number')
   out = float(value)
   if not math.isfinite(out):

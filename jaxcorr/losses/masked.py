@@ -23,6 +23,7 @@ Every reduction returns 0 on an empty set (divergence D14).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 
 import jax
@@ -165,6 +166,15 @@ def rows_std(y: jax.Array, valid: jax.Array) -> jax.Array:
 
 
 # ------------------------------------------------------------ trace checks
+
+
+def is_number(value: object) -> bool:
+  """A static Python real number (not a bool, string, array or tracer).
+
+  Config and knob checks use it: a traced value is only checked where the
+  math allows it, a bool is never accepted where a number is expected.
+  """
+  return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def check_mask(mask: jax.Array, name: str = 'mask') -> None:

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Any
 
 import jax
@@ -70,13 +69,9 @@ from jaxcorr.losses import masked
 from jaxcorr.losses import policy as policy_lib
 
 
-def _is_number(x: Any) -> bool:
-  return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
 def _check_coef(name: str, value: Any, *, nonneg: bool) -> None:
   allowed = 'a finite number >= 0' if nonneg else 'a finite number'
-  if not _is_number(value) or not math.isfinite(value):
+  if not masked.is_number(value) or not math.isfinite(value):
     raise ValueError(f'{name}={value!r} is invalid; allowed: {allowed}')
   if nonneg and value < 0:
     raise ValueError(f'{name}={value!r} is invalid; allowed: {allowed}')

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import numbers
 from collections.abc import Callable, Mapping
 
 import jax
@@ -194,10 +193,6 @@ def _check_name(name: object) -> str:
   return name
 
 
-def _is_number(v: object) -> bool:
-  return isinstance(v, numbers.Real) and not isinstance(v, bool)
-
-
 def check_knobs(knobs: Mapping[str, object], name: str | None = None) -> None:
   """Validates policy-loss knobs (§4.4); raises ValueError on the first problem.
 
@@ -229,7 +224,7 @@ def check_knobs(knobs: Mapping[str, object], name: str | None = None) -> None:
     v = merged[key]
     if v is None and none_ok:
       continue
-    if not (_is_number(v) and ok(v)):
+    if not (masked.is_number(v) and ok(v)):
       raise ValueError(
         f'policy-loss knob {key}={v!r} is invalid; allowed: {allowed}'
       )

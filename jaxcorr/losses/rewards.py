@@ -148,7 +148,7 @@ def _fail(field: str, value: Any, allowed: str, why: str = '') -> NoReturn:
 
 def _positive_or_zero(field: str, value: Any, strict: bool) -> float:
   allowed = 'a finite float > 0' if strict else 'a finite float >= 0'
-  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+  if not masked.is_number(value):
     _fail(field, value, allowed, 'not a number')
   out = float(value)
   if not math.isfinite(out) or out < 0 or (strict and out == 0):
@@ -185,7 +185,7 @@ class KLControlConfig:
       _positive_or_zero('target_kl', self.target_kl, adaptive),
     )
     h = self.horizon
-    if isinstance(h, bool) or not isinstance(h, numbers.Real):
+    if not masked.is_number(h):
       _fail('horizon', h, 'a number > 0', 'not a number')
     if not math.isfinite(h) or h < 0 or (adaptive and h == 0):
       _fail('horizon', h, 'a number > 0' if adaptive else 'a number >= 0')

@@ -18,8 +18,6 @@ clip off (SkyRL's `value_clip=None`).
 
 from __future__ import annotations
 
-import numbers
-
 import jax
 import jax.numpy as jnp
 
@@ -28,8 +26,7 @@ from jaxcorr.losses import masked
 
 
 def _check_cliprange(eps: float) -> None:
-  ok = isinstance(eps, numbers.Real) and not isinstance(eps, bool)
-  if not ok or not eps > 0:
+  if not masked.is_number(eps) or not eps > 0:
     raise ValueError(
       f'cliprange_value={eps!r} is invalid; allowed: a number > 0 '
       '(inf disables the clip)'
