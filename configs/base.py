@@ -16,11 +16,14 @@ Sections:
   `disabled` preset, which changes nothing in the update but still computes
   every diagnostic, and therefore needs rollout log-probs.
 * `actor`: every `ActorLossConfig` field (losses.md §4.4 and §5).
+* `algorithm`: advantages and KL in reward (`configs/algorithm.py`).
+* `model`, `data`, `rollout`, `reward`, `train`, `optim`, `critic`, `mesh`:
+  the trainer (`configs/trainer.py`, docs/training.md).
 
 Decision: the issue that asked for these configs calls the actor section
 "loss"; the spec calls its fields `actor.*` (`actor.policy_loss`,
 `actor.rollout_kl_coef` in the preset table), so the section is `actor`. The
-critic will get its own section next to it.
+critic has its own section (`configs/trainer.py`).
 
 Conventions:
 
@@ -48,7 +51,7 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_dict
 
-from configs import presets
+from configs import presets, trainer
 from configs.algorithm import algorithm_section
 
 
@@ -162,7 +165,14 @@ def base_config() -> ml_collections.ConfigDict:
   config.correction = correction_section()
   config.actor = actor_section()
   config.algorithm = algorithm_section()
-  # Trainer sections (model, rollout, train, ...) are added here.
+  config.model = trainer.model_section()
+  config.data = trainer.data_section()
+  config.rollout = trainer.rollout_section()
+  config.reward = trainer.reward_section()
+  config.train = trainer.train_section()
+  config.optim = trainer.optim_section()
+  config.critic = trainer.critic_section()
+  config.mesh = trainer.mesh_section()
   return config
 
 

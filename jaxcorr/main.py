@@ -1,0 +1,72 @@
+"""The trainer's command line (a thin absl entry; the loop is in
+`jaxcorr.train.loop`).
+
+  python -m jaxcorr.main --config=configs/arith_tiny.py --workdir=/tmp/run
+  python -m jaxcorr.main --config=configs/gsm8k_qwen.py:decoupled_geo_rs \\
+      --config.model.hf_path=/models/Qwen2.5-0.5B-Instruct \\
+      --config.data.path=/data/gsm8k/train.jsonl --workdir=gs://bucket/run
+
+`--config` is `file[:config string]`; the config is locked, so a typo in an
+override (`--config.train.num_step=5`) fails before anything runs, and
+`jaxcorr.train.run_config.build` validates every field and combination at
+start-up. Re-running with the same `--workdir` resumes from its latest
+checkpoint. Multi-process runs: see `jaxcorr.distributed` and docs/tpu.md.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+  'config',
+  'configs/arith_tiny.py',
+  'Config file[:config string], e.g. configs/arith_tiny.py:decoupled_geo_rs.',
+  lock_config=True,
+)
+_WORKDIR = flags.DEFINE_string(
+  'workdir', None, 'Checkpoints, metrics.jsonl and TensorBoard files.'
+)
+
+
+def _config_name(argv: Sequence[str]) -> str:
+  """The `--config` argument as given (recorded in checkpoints)."""
+  for arg in argv:
+    if arg.startswith('--config='):
+      return arg[len('--config=') :]
+  return config_flags.get_config_filename(flags.FLAGS['config'])
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  from jaxcorr import distributed
+
+  try:
+    distributed.initialize_from_flags()
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  from jaxcorr.train.loop import Trainer
+
+  trainer = Trainer(
+    _CONFIG.value, _WORKDIR.value, config_name=_config_name(sys.argv)
+  )
+  last = trainer.train()
+  keys = ('step', 'reward/mean', 'eval/accuracy')
+  logging.info('done: %s', {k: last.get(k) for k in keys if k in last})
+  print('done:', ', '.join(f'{k}={last[k]:.4g}' for k in keys if k in last))
+
+
+def run() -> None:
+  flags.mark_flag_as_required('workdir')
+  from jaxcorr import distributed
+
+  distributed.define_flags()
+  app.run(main)
+
+
+if __name__ == '__main__':
+  run()

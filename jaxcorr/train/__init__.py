@@ -1,0 +1,1 @@
+"""The RL trainer: data, rewards, jitted steps, host loop, checkpoints."""

@@ -1,0 +1,44 @@
+"""The critic for GAE: the policy's transformer with a scalar value head.
+
+    tokens [B, S] -> Transformer.hidden_states -> [B, S, D] @ w [D] -> [B, S]
+
+Like the policy's log-probs, the value of response token t is read at
+position P + t − 1 (the state *before* the token is emitted), so values,
+log-probs and rewards share one `[B, T]` alignment. The backbone starts
+from the policy's weights (verl initialises its critic from the actor) and
+the head from zeros, so the first values are 0 and GAE starts as REINFORCE
+with returns as targets.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxcorr.model import Transformer, TransformerConfig
+from jaxcorr.model.layers import param
+
+
+class ValueModel(nnx.Module):
+  """A `Transformer` backbone plus a `[D]` value head (logical `embed`)."""
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.backbone = Transformer(config, rngs=rngs)
+    self.head = param(None, (config.hidden_size,), ('embed',), config, 'zeros')
+
+  def __call__(
+    self, tokens: jax.Array, *, segment_ids: jax.Array | None = None
+  ) -> jax.Array:
+    """Values `[B, S]` float32 of every position."""
+    hidden, _ = self.backbone.hidden_states(tokens, segment_ids=segment_ids)
+    return jnp.einsum(
+      'bsd,d->bs',
+      hidden.astype(jnp.float32),
+      self.head[...].astype(jnp.float32),
+    )
+
+
+def init_from_policy(critic: ValueModel, policy: Transformer) -> None:
+  """Copy the policy's weights into the critic's backbone (in place)."""
+  nnx.update(critic.backbone, nnx.state(policy, nnx.Param))

@@ -1,0 +1,479 @@
+"""Metric output: metrics.jsonl, TensorBoard scalars, and a progress line.
+
+`MetricWriter` appends one JSON object per step to `<workdir>/metrics.jsonl`:
+
+    {"step": 12, "reward/mean": 0.53125, "actor/clipfrac": 0.0, ...}
+
+`step` comes first, then the metrics in the order given. Integer metrics stay
+integers, everything else is a float, and a non-finite value (NaN, ±inf) is
+written as `null`: `NaN` and `Infinity` are not JSON, and strict parsers
+(JavaScript's `JSON.parse`, Go's `encoding/json`, ...) reject a file
+holding them.
+`read_metrics` turns `null` back into NaN. Every line is flushed when
+written; a line cut short by a crash is dropped when the file is reopened.
+
+On resume the trainer calls `truncate_after(step)`: lines of steps after the
+restored checkpoint are dropped (a new file is written and renamed over the
+old one, so a crash never leaves half a file), and the resumed run appends
+from there, so every step appears once.
+
+TensorBoard files go to `<workdir>/tensorboard/`, one
+`events.out.tfevents.*` file per writer, one scalar summary per metric. They
+are written here directly (TFRecord framing around hand-encoded `Event`
+protos), because neither TensorFlow nor the `tensorboard` package is a
+dependency and importing TensorFlow costs seconds. `truncate_after(step)`
+also writes a `SessionLog.START` event at `step + 1`: TensorBoard's event
+accumulator reads it as a restart and discards the points of steps >=
+`step + 1` that the interrupted run had logged.
+
+`MetricWriter(enabled=False)` (every process but the first) writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from typing import IO, Any, TextIO
+
+import jax
+import numpy as np
+
+JSONL = 'metrics.jsonl'
+TENSORBOARD = 'tensorboard'
+
+# ---------------------------------------------------------------- scalars
+
+
+def _scalar(key: str, value: Any) -> int | float:
+  a = np.asarray(value)
+  if a.shape != ():
+    raise ValueError(
+      f'metric {key!r} must be a scalar, got shape {a.shape}; reduce it '
+      'before logging'
+    )
+  if a.dtype.kind in 'biu':
+    return int(a)
+  if a.dtype.kind in 'fV':  # 'V': ml_dtypes (bfloat16, float8, ...)
+    try:
+      return float(a)
+    except (TypeError, ValueError):
+      pass
+  raise ValueError(
+    f'metric {key!r} must be a real number, got {value!r} of dtype {a.dtype}'
+  )
+
+
+def to_host_scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
+  """Python numbers of a dict of scalar metrics, fetched with one
+  `jax.device_get` for the whole dict.
+
+  Integer and bool values become `int`, floating ones `float`; a value that
+  is not a scalar (shape other than `()`) or not a real number raises a
+  ValueError naming its key.
+  """
+  for key in metrics:
+    if not isinstance(key, str):
+      raise ValueError(f'metric keys must be str, got {key!r}')
+  host = jax.device_get(dict(metrics))
+  return {k: _scalar(k, host[k]) for k in metrics}
+
+
+def _json_value(x: int | float) -> int | float | None:
+  if isinstance(x, float) and not math.isfinite(x):
+    return None
+  return x
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+  """The records of a metrics.jsonl file (or of `<path>/metrics.jsonl` when
+  `path` is a directory), in file order; `null` values read as NaN.
+
+  A last line without its newline (a write cut short) is skipped; any other
+  line that is not a JSON object raises a ValueError naming its number.
+  """
+  if os.path.isdir(path):
+    path = os.path.join(path, JSONL)
+  with open(path, encoding='utf-8') as f:
+    text = f.read()
+  # The last piece is '' for a well-formed file, else a line cut short.
+  complete = text.split('\n')[:-1]
+  out = []
+  for i, line in enumerate(complete, 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f'{path}:{i}: not a JSON line ({e})') from None
+    if not isinstance(record, dict):
+      raise ValueError(f'{path}:{i}: not a JSON object')
+    out.append({k: math.nan if v is None else v for k, v in record.items()})
+  return out
+
+
+# ------------------------------------------------------------ TensorBoard
+
+
+def _crc32c_table() -> tuple[int, ...]:
+  table = []
+  for n in range(256):
+    c = n
+    for _ in range(8):
+      c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+    table.append(c)
+  return tuple(table)
+
+
+_CRC_TABLE = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+  """CRC-32C (Castagnoli), as TFRecord framing uses."""
+  c = 0xFFFFFFFF
+  for b in data:
+    c = _CRC_TABLE[(c ^ b) & 0xFF] ^ (c >> 8)
+  return c ^ 0xFFFFFFFF
+
+
+def _masked_crc(data: bytes) -> int:
+  c = crc32c(data)
+  return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _tfrecord(data: bytes) -> bytes:
+  """One TFRecord: length, masked CRC of length, data, masked CRC of data."""
+  length = struct.pack('<Q', len(data))
+  return (
+    length
+    + struct.pack('<I', _masked_crc(length))
+    + data
+    + struct.pack('<I', _masked_crc(data))
+  )
+
+
+def _varint(n: int) -> bytes:
+  n &= (1 << 64) - 1  # int64 two's complement, as protobuf does
+  out = bytearray()
+  while True:
+    b = n & 0x7F
+    n >>= 7
+    if n:
+      out.append(b | 0x80)
+    else:
+      out.append(b)
+      return bytes(out)
+
+
+def _field(number: int, wire_type: int, payload: bytes) -> bytes:
+  if wire_type == 2:  # length-delimited
+    payload = _varint(len(payload)) + payload
+  return _varint(number << 3 | wire_type) + payload
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _float32(x: float) -> bytes:
+  """Little-endian float32; values beyond its range become ±inf."""
+  if abs(x) > _F32_MAX and math.isfinite(x):
+    x = math.copysign(math.inf, x)
+  return struct.pack('<f', x)
+
+
+def _event(
+  step: int,
+  wall_time: float,
+  *,
+  file_version: str | None = None,
+  scalars: Mapping[str, float] | None = None,
+  session_start: bool = False,
+) -> bytes:
+  """A serialized `tensorflow.Event` (tensorflow/core/util/event.proto).
+
+  Event: wall_time = 1 (double), step = 2 (int64), file_version = 3,
+  summary = 5 (Summary: repeated Value value = 1; Value: tag = 1,
+  simple_value = 2 (float)), session_log = 7 (SessionLog: status = 1,
+  START = 1).
+  """
+  out = _field(1, 1, struct.pack('<d', wall_time)) + _field(2, 0, _varint(step))
+  if file_version is not None:
+    out += _field(3, 2, file_version.encode())
+  if scalars is not None:
+    values = b''.join(
+      _field(
+        1,
+        2,
+        _field(1, 2, tag.encode()) + _field(2, 5, _float32(value)),
+      )
+      for tag, value in scalars.items()
+    )
+    out += _field(5, 2, values)
+  if session_start:
+    out += _field(7, 2, _field(1, 0, _varint(1)))
+  return out
+
+
+class _EventFile:
+  """Append-only TensorBoard event file (one per writer instance)."""
+
+  def __init__(self, directory: str):
+    os.makedirs(directory, exist_ok=True)
+    now = time.time()
+    name = (
+      f'events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}'
+    )
+    path, n = os.path.join(directory, name), 0
+    while os.path.exists(path):  # a second writer within the same second
+      n += 1
+      path = os.path.join(directory, f'{name}.{n}')
+    self.path = path
+    self._f: IO[bytes] = open(self.path, 'ab')  # noqa: SIM115
+    self._write(_event(0, now, file_version='brain.Event:2'))
+
+  def _write(self, event: bytes) -> None:
+    self._f.write(_tfrecord(event))
+    self._f.flush()
+
+  def scalars(self, step: int, values: Mapping[str, float]) -> None:
+    if values:
+      self._write(_event(step, time.time(), scalars=values))
+
+  def session_start(self, step: int) -> None:
+    self._write(_event(step, time.time(), session_start=True))
+
+  def close(self) -> None:
+    self._f.close()
+
+
+# ----------------------------------------------------------------- writer
+
+
+def _drop_partial_tail(path: str) -> None:
+  """Cut a last line that has no newline (a write killed mid-line)."""
+  if not os.path.exists(path):
+    return
+  with open(path, 'rb+') as f:
+    size = f.seek(0, os.SEEK_END)
+    if size == 0:
+      return
+    f.seek(size - 1)
+    if f.read(1) == b'\n':
+      return
+    f.seek(0)
+    data = f.read()
+    f.truncate(data.rfind(b'\n') + 1)
+
+
+class MetricWriter:
+  """metrics.jsonl + TensorBoard writer (module doc).
+
+  Args:
+    workdir: the run directory; created if missing.
+    tensorboard: also write TensorBoard event files under
+      `<workdir>/tensorboard/`.
+    enabled: False makes every method a no-op (non-primary processes).
+  """
+
+  def __init__(
+    self, workdir: str, *, tensorboard: bool = True, enabled: bool = True
+  ):
+    self.workdir = workdir
+    self.path = os.path.join(workdir, JSONL)
+    self.enabled = bool(enabled)
+    self._jsonl: TextIO | None = None
+    self._tb: _EventFile | None = None
+    self._closed = False
+    if not self.enabled:
+      return
+    os.makedirs(workdir, exist_ok=True)
+    _drop_partial_tail(self.path)
+    self._jsonl = open(self.path, 'a', encoding='utf-8')  # noqa: SIM115
+    if tensorboard:
+      self._tb = _EventFile(os.path.join(workdir, TENSORBOARD))
+
+  @property
+  def tensorboard_path(self) -> str | None:
+    """The event file this writer appends to (None without TensorBoard)."""
+    return None if self._tb is None else self._tb.path
+
+  def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+    """Append the metrics of `step` (scalars: Python, NumPy or JAX).
+
+    A `step` key in `metrics` must equal `step`; it is written once, first.
+    """
+    if self._closed:
+      raise ValueError(f'MetricWriter of {self.workdir} is closed')
+    if isinstance(step, bool) or not isinstance(step, int | np.integer):
+      raise ValueError(f'step must be an int, got {step!r}')
+    if not self.enabled:
+      return
+    step = int(step)
+    values = to_host_scalars(metrics)
+    if 'step' in values and values.pop('step') != step:
+      raise ValueError(
+        f'metrics["step"]={metrics["step"]!r} differs from step={step}'
+      )
+    record = {'step': step}
+    record.update((k, _json_value(v)) for k, v in values.items())
+    assert self._jsonl is not None
+    self._jsonl.write(json.dumps(record, allow_nan=False) + '\n')
+    self._jsonl.flush()
+    if self._tb is not None:
+      self._tb.scalars(step, {k: float(v) for k, v in values.items()})
+
+  def truncate_after(self, step: int) -> None:
+    """Drop the lines of steps after `step` (resume from checkpoint `step`).
+
+    The kept lines are written to a temporary file that replaces
+    metrics.jsonl with one rename; TensorBoard gets a `SessionLog.START` at
+    `step + 1`, which makes it discard the old points from there on.
+    """
+    if self._closed:
+      raise ValueError(f'MetricWriter of {self.workdir} is closed')
+    if not self.enabled:
+      return
+    assert self._jsonl is not None
+    self._jsonl.close()
+    kept = []
+    with open(self.path, encoding='utf-8') as f:
+      for line in f:
+        if not line.endswith('\n'):
+          continue  # cut short
+        try:
+          record = json.loads(line)
+        except json.JSONDecodeError:
+          continue
+        if isinstance(record, dict) and record.get('step', math.inf) <= step:
+          kept.append(line)
+    fd, tmp = tempfile.mkstemp(
+      prefix=f'.{JSONL}.', suffix='.tmp', dir=self.workdir
+    )
+    try:
+      with os.fdopen(fd, 'w', encoding='utf-8') as f:
+        f.writelines(kept)
+        f.flush()
+        os.fsync(f.fileno())
+      os.replace(tmp, self.path)
+    except BaseException:
+      if os.path.exists(tmp):
+        os.remove(tmp)
+      raise
+    finally:
+      self._jsonl = open(self.path, 'a', encoding='utf-8')  # noqa: SIM115
+    if self._tb is not None:
+      self._tb.session_start(step + 1)
+
+  def close(self) -> None:
+    """Close the files (idempotent)."""
+    if self._closed:
+      return
+    self._closed = True
+    if self._jsonl is not None:
+      self._jsonl.close()
+    if self._tb is not None:
+      self._tb.close()
+
+  def __enter__(self) -> MetricWriter:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+# --------------------------------------------------------------- progress
+
+
+def format_duration(seconds: float) -> str:
+  """'45s', '1m48s', '2h03m' (rounded to the second)."""
+  s = max(round(seconds), 0)
+  if s < 60:
+    return f'{s}s'
+  if s < 3600:
+    return f'{s // 60}m{s % 60:02d}s'
+  return f'{s // 3600}h{s % 3600 // 60:02d}m'
+
+
+def _format_value(x: Any) -> str:
+  try:
+    return f'{float(np.asarray(x)):.4g}'
+  except (TypeError, ValueError):
+    return str(x)
+
+
+class ProgressLine:
+  """One human-readable line per logged step:
+
+      step 12/100 | reward/mean 0.531 | 1.23 s/step | ETA 1m48s
+
+  Seconds per step and the ETA use an exponential moving average of the
+  step times given (weight `smoothing` on the newest), so one slow step
+  (compilation, evaluation, a checkpoint) does not swing the estimate.
+
+  Args:
+    total_steps: the last step.
+    keys: metrics to show, in order; missing ones are left out.
+    stream: where to print (default: `sys.stderr` at the time of printing).
+    every: print when `step % every == 0`, and at the last step.
+    smoothing: the moving average's weight on the newest step time.
+    enabled: print at all; default: only on process 0 (`update` still
+      returns the line elsewhere).
+  """
+
+  def __init__(
+    self,
+    total_steps: int,
+    *,
+    keys: Sequence[str] = ('reward/mean',),
+    stream: TextIO | None = None,
+    every: int = 1,
+    smoothing: float = 0.1,
+    enabled: bool | None = None,
+  ):
+    if every < 1:
+      raise ValueError(f'every must be >= 1, got {every}')
+    if not 0 < smoothing <= 1:
+      raise ValueError(f'smoothing must be in (0, 1], got {smoothing}')
+    self.total_steps = int(total_steps)
+    self.keys = tuple(keys)
+    self.stream = stream
+    self.every = every
+    self.smoothing = smoothing
+    self.enabled = jax.process_index() == 0 if enabled is None else enabled
+    self.seconds_per_step: float | None = None
+
+  def update(
+    self,
+    step: int,
+    metrics: Mapping[str, Any],
+    seconds_per_step: float | None = None,
+  ) -> str | None:
+    """Record a step time and print the line if `step` is due; returns the
+    printed line (None when not due)."""
+    if seconds_per_step is not None and math.isfinite(seconds_per_step):
+      x = max(float(seconds_per_step), 0.0)
+      ema = self.seconds_per_step
+      self.seconds_per_step = (
+        x if ema is None else ema + self.smoothing * (x - ema)
+      )
+    if step % self.every and step != self.total_steps:
+      return None
+    parts = [f'step {step}/{self.total_steps}']
+    parts += [
+      f'{k} {_format_value(metrics[k])}' for k in self.keys if k in metrics
+    ]
+    if self.seconds_per_step is not None:
+      remaining = max(self.total_steps - step, 0) * self.seconds_per_step
+      parts.append(f'{self.seconds_per_step:.3g} s/step')
+      parts.append(f'ETA {format_duration(remaining)}')
+    line = ' | '.join(parts)
+    if self.enabled:
+      stream = sys.stderr if self.stream is None else self.stream
+      print(line, file=stream, flush=True)
+    return line

@@ -1,0 +1,147 @@
+"""Prompts -> scored rollouts: the part of a step shared by the sync loop,
+the async producer and evaluation.
+
+    examples --encode--> prompt ids --driver.generate (JetStream engine)-->
+    RolloutBatch --decode responses--> reward functions --> Scored
+
+The engine's token ids are what the trainer trains on; responses are
+decoded only for the reward functions (contract §3). The sampling seed of
+step s is fold_in(PRNGKey(train.seed), s): a step's rollouts do not depend
+on what ran before it, which is what makes resume exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxcorr.rollout import driver
+from jaxcorr.rollout.engine import PolicyEngine
+from jaxcorr.rollout.types import RolloutBatch
+from jaxcorr.train import data, text
+from jaxcorr.train.reward_fns import RewardScorer
+from jaxcorr.train.run_config import RunConfig
+from jaxcorr.train.tasks import Example
+
+
+@dataclasses.dataclass
+class Scored:
+  """One step's rollouts with their rewards.
+
+  Attributes:
+    step: the RL step it was sampled for.
+    batch: the host `RolloutBatch`.
+    rewards: `[B]` float32 sequence rewards.
+    metrics: reward-function metrics and `time/rollout`, `time/reward`.
+    loader_state: the prompt loader's state after drawing this batch (what
+      a checkpoint taken after training on it must record).
+    version: the policy version that sampled it.
+  """
+
+  step: int
+  batch: RolloutBatch
+  rewards: np.ndarray
+  metrics: dict[str, float]
+  loader_state: dict | None = None
+  version: int = 0
+
+
+def step_seed(seed: int, step: int) -> int:
+  """A per-step sampling seed, independent of the steps before it."""
+  return int(np.random.SeedSequence([seed, step]).generate_state(1)[0] >> 1)
+
+
+class RolloutStage:
+  """Generation and scoring over one `PolicyEngine`."""
+
+  def __init__(
+    self,
+    run: RunConfig,
+    engine: PolicyEngine,
+    tokenizer: Any,
+    scorer: RewardScorer,
+  ):
+    self.run = run
+    self.engine = engine
+    self.tokenizer = tokenizer
+    self.scorer = scorer
+    self.stop_ids = text.stop_ids(tokenizer)
+
+  def encode(self, examples: Sequence[Example]) -> list[list[int]]:
+    """Prompt ids; a prompt longer than `rollout.max_prompt_length` fails."""
+    limit = self.run.rollout.max_prompt_length
+    out = []
+    for ex in examples:
+      ids = self.tokenizer.encode(
+        data.format_prompt(self.run.data.prompt_template, ex)
+      )
+      if len(ids) > limit:
+        raise ValueError(
+          f'a prompt has {len(ids)} tokens > config.rollout.max_prompt_length'
+          f'={limit}: {ex.prompt[:80]!r}; raise the limit or filter the data'
+        )
+      out.append(ids)
+    return out
+
+  def responses(self, batch: RolloutBatch) -> list[str]:
+    tokens = np.asarray(batch.response_tokens)
+    lengths = np.asarray(batch.context_mask).sum(1)
+    return [
+      self.tokenizer.decode(t[:n].tolist()) for t, n in zip(tokens, lengths)
+    ]
+
+  def run_step(
+    self, examples: Sequence[Example], *, step: int, greedy: bool = False
+  ) -> Scored:
+    """Sample (or decode greedily, one sample) and score `examples`."""
+    r = self.run.rollout
+    t0 = time.perf_counter()
+    n = 1 if greedy else r.samples_per_prompt
+    batch = driver.generate(
+      self.engine,
+      self.encode(examples),
+      num_samples=n,
+      max_new_tokens=r.max_new_tokens,
+      temperature=r.temperature,
+      top_k=1 if greedy else r.top_k,
+      top_p=1.0 if greedy else r.top_p,
+      min_p=0.0 if greedy else r.min_p,
+      stop_token_ids=self.stop_ids,
+      seed=step_seed(self.run.train.seed, step),
+    )
+    t1 = time.perf_counter()
+    answers = [ex.answer for ex in examples for _ in range(n)]
+    rewards, metrics = self.scorer.score(self.responses(batch), answers)
+    metrics = dict(metrics)
+    metrics['time/rollout'] = t1 - t0
+    metrics['time/reward'] = time.perf_counter() - t1
+    return Scored(
+      step=step,
+      batch=batch,
+      rewards=np.asarray(rewards, np.float32),
+      metrics=metrics,
+      version=self.engine.policy_version,
+    )
+
+  def evaluate(
+    self, examples: Sequence[Example], *, step: int
+  ) -> dict[str, float]:
+    """Greedy decoding on held-out prompts: `eval/reward_mean` and
+    `eval/accuracy` (the mean of the first reward function)."""
+    if not examples:
+      return {}
+    scored = self.run_step(examples, step=step, greedy=True)
+    primary = self.scorer.names[0]
+    m = {
+      'eval/reward_mean': float(np.mean(scored.rewards)),
+      'eval/accuracy': float(scored.metrics[f'reward/{primary}/mean']),
+      'eval/response_length': float(
+        np.asarray(scored.batch.response_mask).sum(1).mean()
+      ),
+      'time/eval': scored.metrics['time/rollout'],
+    }
+    return m

@@ -1,0 +1,347 @@
+"""MetricWriter (metrics.jsonl + TensorBoard), read_metrics, ProgressLine,
+to_host_scalars."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from jaxcorr.train import metrics
+
+
+def _lines(path) -> list[str]:
+  with open(path, encoding='utf-8') as f:
+    return f.read().splitlines()
+
+
+def _strict_json(line: str):
+  def reject(token):
+    raise AssertionError(f'non-JSON constant {token} in {line}')
+
+  return json.loads(line, parse_constant=reject)
+
+
+# ------------------------------------------------------------------ JSONL
+
+
+def test_jsonl_records_types_and_order(tmp_path):
+  with metrics.MetricWriter(str(tmp_path), tensorboard=False) as w:
+    w.write(
+      1,
+      {
+        'reward/mean': jnp.asarray(0.5, jnp.float32),
+        'count': np.int64(7),
+        'flag': jnp.asarray(True),
+        'lr': 3e-4,
+        'bf16': jnp.asarray(1.5, jnp.bfloat16),
+      },
+    )
+    w.write(2, {'step': 2, 'reward/mean': 0.25})
+  lines = _lines(tmp_path / 'metrics.jsonl')
+  assert lines == [
+    '{"step": 1, "reward/mean": 0.5, "count": 7, "flag": 1, "lr": 0.0003, '
+    '"bf16": 1.5}',
+    '{"step": 2, "reward/mean": 0.25}',
+  ]
+  first = _strict_json(lines[0])
+  assert type(first['count']) is int and type(first['reward/mean']) is float
+  assert metrics.read_metrics(str(tmp_path)) == [
+    first,
+    {'step': 2, 'reward/mean': 0.25},
+  ]
+
+
+def test_non_finite_values_are_null(tmp_path):
+  with metrics.MetricWriter(str(tmp_path), tensorboard=False) as w:
+    w.write(
+      3,
+      {'a': float('nan'), 'b': np.inf, 'c': jnp.asarray(-jnp.inf), 'd': 1.0},
+    )
+  (line,) = _lines(tmp_path / 'metrics.jsonl')
+  assert _strict_json(line) == {
+    'step': 3,
+    'a': None,
+    'b': None,
+    'c': None,
+    'd': 1.0,
+  }
+  (record,) = metrics.read_metrics(str(tmp_path / 'metrics.jsonl'))
+  assert all(np.isnan(record[k]) for k in 'abc') and record['d'] == 1.0
+
+
+def test_appends_across_writers_and_drops_a_cut_line(tmp_path):
+  with metrics.MetricWriter(str(tmp_path), tensorboard=False) as w:
+    w.write(1, {'a': 1.0})
+  with open(tmp_path / 'metrics.jsonl', 'a') as f:
+    f.write('{"step": 2, "a": 0.')  # killed mid-write
+  assert [r['step'] for r in metrics.read_metrics(str(tmp_path))] == [1]
+  with metrics.MetricWriter(str(tmp_path), tensorboard=False) as w:
+    w.write(2, {'a': 2.0})
+  assert [r['step'] for r in metrics.read_metrics(str(tmp_path))] == [1, 2]
+  assert _lines(tmp_path / 'metrics.jsonl')[-1] == '{"step": 2, "a": 2.0}'
+
+
+def test_truncate_after_then_resume(tmp_path):
+  w = metrics.MetricWriter(str(tmp_path), tensorboard=False)
+  for s in range(1, 6):
+    w.write(s, {'a': float(s)})
+  w.truncate_after(3)
+  assert [r['step'] for r in metrics.read_metrics(str(tmp_path))] == [1, 2, 3]
+  # The writer keeps appending to the new file, not the replaced one.
+  w.write(4, {'a': 40.0})
+  w.close()
+  got = metrics.read_metrics(str(tmp_path))
+  assert [(r['step'], r['a']) for r in got] == [
+    (1, 1.0),
+    (2, 2.0),
+    (3, 3.0),
+    (4, 40.0),
+  ]
+  assert sorted(os.listdir(tmp_path)) == ['metrics.jsonl']  # no temp left
+
+
+def test_disabled_writes_nothing(tmp_path):
+  workdir = tmp_path / 'run'
+  w = metrics.MetricWriter(str(workdir), enabled=False)
+  w.write(1, {'a': jnp.ones(())})
+  w.truncate_after(0)
+  w.close()
+  assert not workdir.exists()
+
+
+def test_write_validates(tmp_path):
+  with metrics.MetricWriter(str(tmp_path), tensorboard=False) as w:
+    with pytest.raises(ValueError, match=r"metric 'v' must be a scalar"):
+      w.write(1, {'ok': 1.0, 'v': jnp.ones(3)})
+    with pytest.raises(ValueError, match=r'metrics\["step"\]=2 differs'):
+      w.write(1, {'step': 2})
+    with pytest.raises(ValueError, match="metric 's' must be a real number"):
+      w.write(1, {'s': 'text'})
+  assert _lines(tmp_path / 'metrics.jsonl') == []
+  with pytest.raises(ValueError, match='is closed'):
+    w.write(2, {'a': 1.0})
+
+
+# ------------------------------------------------------------ TensorBoard
+
+
+def test_crc32c_reference_values():
+  # RFC 3720 B.4 and the classic check value.
+  assert metrics.crc32c(b'123456789') == 0xE3069283
+  assert metrics.crc32c(bytes(32)) == 0x8A9136AA
+  assert metrics.crc32c(b'\xff' * 32) == 0x62A8AB43
+
+
+def _event_class():
+  """`tensorflow.Event` (the fields used) built from a descriptor, so the
+  file is decoded by protobuf itself, not by the writer's own encoder."""
+  f = descriptor_pb2.FileDescriptorProto(
+    name='test_event.proto', package='tbtest', syntax='proto3'
+  )
+  T = descriptor_pb2.FieldDescriptorProto
+  value = f.message_type.add(name='Value')
+  value.field.add(name='tag', number=1, type=T.TYPE_STRING)
+  value.field.add(name='simple_value', number=2, type=T.TYPE_FLOAT)
+  summary = f.message_type.add(name='Summary')
+  summary.field.add(
+    name='value',
+    number=1,
+    type=T.TYPE_MESSAGE,
+    type_name='.tbtest.Value',
+    label=T.LABEL_REPEATED,
+  )
+  session_log = f.message_type.add(name='SessionLog')
+  session_log.field.add(name='status', number=1, type=T.TYPE_INT32)
+  event = f.message_type.add(name='Event')
+  event.field.add(name='wall_time', number=1, type=T.TYPE_DOUBLE)
+  event.field.add(name='step', number=2, type=T.TYPE_INT64)
+  event.field.add(name='file_version', number=3, type=T.TYPE_STRING)
+  event.field.add(
+    name='summary', number=5, type=T.TYPE_MESSAGE, type_name='.tbtest.Summary'
+  )
+  event.field.add(
+    name='session_log',
+    number=7,
+    type=T.TYPE_MESSAGE,
+    type_name='.tbtest.SessionLog',
+  )
+  pool = descriptor_pool.DescriptorPool()
+  pool.Add(f)
+  return message_factory.GetMessageClass(
+    pool.FindMessageTypeByName('tbtest.Event')
+  )
+
+
+def _records(path) -> list[bytes]:
+  """TFRecord payloads, checking both masked CRCs of every record."""
+
+  def masked(data):
+    c = metrics.crc32c(data)
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+  data = path.read_bytes()
+  out, i = [], 0
+  while i < len(data):
+    header = data[i : i + 8]
+    (n,) = struct.unpack('<Q', header)
+    assert struct.unpack('<I', data[i + 8 : i + 12])[0] == masked(header)
+    payload = data[i + 12 : i + 12 + n]
+    crc = struct.unpack('<I', data[i + 12 + n : i + 16 + n])[0]
+    assert crc == masked(payload)
+    out.append(payload)
+    i += 16 + n
+  assert i == len(data)
+  return out
+
+
+def _write_run(workdir):
+  with metrics.MetricWriter(str(workdir)) as w:
+    w.write(1, {'reward/mean': 0.5, 'n': 3})
+    w.write(2, {'reward/mean': jnp.asarray(0.75), 'n': 4})
+    w.write(3, {'reward/mean': float('nan'), 'n': 5})
+    w.truncate_after(2)
+    w.write(3, {'reward/mean': 1.25, 'n': 6})
+    return w.tensorboard_path
+
+
+def test_tensorboard_float32_range_and_one_file_per_writer(tmp_path):
+  with (
+    metrics.MetricWriter(str(tmp_path)) as a,
+    metrics.MetricWriter(str(tmp_path)) as b,
+  ):
+    a.write(1, {'big': 1e300, 'small': -1e300})
+    b.write(1, {'x': 1.0})
+    assert a.tensorboard_path != b.tensorboard_path
+  event_cls = _event_class()
+  (event,) = [
+    e
+    for e in map(event_cls.FromString, _records(tmp_path / a.tensorboard_path))
+    if e.HasField('summary')
+  ]
+  assert [v.simple_value for v in event.summary.value] == [np.inf, -np.inf]
+  assert len(os.listdir(tmp_path / 'tensorboard')) == 2
+
+
+def test_tensorboard_events_decode_with_protobuf(tmp_path):
+  path = _write_run(tmp_path)
+  assert os.path.dirname(path) == str(tmp_path / 'tensorboard')
+  assert os.path.basename(path).startswith('events.out.tfevents.')
+  event_cls = _event_class()
+  events = [event_cls.FromString(r) for r in _records(tmp_path / path)]
+  assert events[0].file_version == 'brain.Event:2'
+  scalars = [
+    (e.step, v.tag, v.simple_value)
+    for e in events
+    if e.HasField('summary')
+    for v in e.summary.value
+  ]
+  assert scalars[:4] == [
+    (1, 'reward/mean', 0.5),
+    (1, 'n', 3.0),
+    (2, 'reward/mean', 0.75),
+    (2, 'n', 4.0),
+  ]
+  assert scalars[4][:2] == (3, 'reward/mean') and np.isnan(scalars[4][2])
+  assert scalars[5:] == [(3, 'n', 5.0), (3, 'reward/mean', 1.25), (3, 'n', 6.0)]
+  # truncate_after(2) marks a restart at step 3: TensorBoard drops the
+  # orphaned step-3 points written before it.
+  restarts = [e.step for e in events if e.HasField('session_log')]
+  assert restarts == [3]
+  assert [
+    e.session_log.status for e in events if e.HasField('session_log')
+  ] == [1]
+  assert all(e.wall_time > 1e9 for e in events)
+
+
+def test_tensorboard_events_read_by_tensorflow(tmp_path):
+  """The same file through TensorFlow's own reader (when installed)."""
+  import tensorflow as tf  # installed with google-jetstream
+
+  path = _write_run(tmp_path)
+  events = list(tf.compat.v1.train.summary_iterator(path))
+  got = [
+    (e.step, v.tag, v.simple_value)
+    for e in events
+    if e.HasField('summary')
+    for v in e.summary.value
+    if e.step != 3
+  ]
+  assert got == [
+    (1, 'reward/mean', 0.5),
+    (1, 'n', 3.0),
+    (2, 'reward/mean', 0.75),
+    (2, 'n', 4.0),
+  ]
+  starts = [e for e in events if e.HasField('session_log')]
+  assert [(e.step, e.session_log.status) for e in starts] == [
+    (3, tf.compat.v1.SessionLog.START)
+  ]
+
+
+# --------------------------------------------------------------- helpers
+
+
+def test_to_host_scalars_one_transfer(monkeypatch):
+  calls = []
+  real = jax.device_get
+
+  def counting(x):
+    calls.append(x)
+    return real(x)
+
+  monkeypatch.setattr(jax, 'device_get', counting)
+  out = metrics.to_host_scalars(
+    {'a': jnp.asarray(1.5), 'b': jnp.asarray(2, jnp.int32), 'c': 0.25}
+  )
+  assert out == {'a': 1.5, 'b': 2, 'c': 0.25}
+  assert [type(out[k]) for k in 'abc'] == [float, int, float]
+  assert len(calls) == 1
+  with pytest.raises(ValueError, match=r"metric 'x' must be a scalar.*\(2,\)"):
+    metrics.to_host_scalars({'x': jnp.ones(2)})
+  with pytest.raises(ValueError, match='metric keys must be str'):
+    metrics.to_host_scalars({1: 1.0})
+
+
+def test_progress_line_format_and_eta():
+  out = io.StringIO()
+  p = metrics.ProgressLine(100, keys=('reward/mean', 'kl'), stream=out)
+  line = p.update(12, {'reward/mean': jnp.asarray(0.531), 'x': 1}, 1.23)
+  assert line == 'step 12/100 | reward/mean 0.531 | 1.23 s/step | ETA 1m48s'
+  assert out.getvalue() == line + '\n'
+  # Moving average with weight 0.1 on the newest step time.
+  line = p.update(13, {'kl': 2.0}, 2.23)
+  assert p.seconds_per_step == pytest.approx(1.33)
+  assert line == 'step 13/100 | kl 2 | 1.33 s/step | ETA 1m56s'
+  assert metrics.format_duration(7 * 3600 + 5 * 60 + 20) == '7h05m'
+  assert metrics.format_duration(42.4) == '42s'
+
+
+def test_progress_line_every_and_last_step():
+  out = io.StringIO()
+  p = metrics.ProgressLine(7, keys=(), stream=out, every=3)
+  printed = [s for s in range(1, 8) if p.update(s, {}, 1.0) is not None]
+  assert printed == [3, 6, 7]
+  assert out.getvalue().splitlines() == [
+    'step 3/7 | 1 s/step | ETA 4s',
+    'step 6/7 | 1 s/step | ETA 1s',
+    'step 7/7 | 1 s/step | ETA 0s',
+  ]
+  assert metrics.ProgressLine(5, stream=out).update(1, {}) == 'step 1/5'
+  quiet = io.StringIO()
+  line = metrics.ProgressLine(5, stream=quiet, enabled=False).update(5, {}, 1)
+  assert line == 'step 5/5 | 1 s/step | ETA 0s' and quiet.getvalue() == ''
+
+
+def test_progress_line_default_stream_is_current_stderr(capsys):
+  metrics.ProgressLine(2).update(1, {'reward/mean': 0.5}, 0.5)
+  assert capsys.readouterr().err == (
+    'step 1/2 | reward/mean 0.5 | 0.5 s/step | ETA 0s\n'
+  )
