@@ -29,6 +29,7 @@ setup(
     'ml-dtypes>=0.4',
     'safetensors>=0.4.3',
     'tokenizers>=0.19',
+    'pyarrow>=14',
   ],
   extras_require={
     'test': [
@@ -41,6 +42,11 @@ setup(
       'transformers>=4.51',
       'safetensors>=0.4.3',
       'tokenizers>=0.19',
+      # Notebooks executed headless in CI, and the mismatch lab's plots.
+      'matplotlib>=3.8',
+      'nbclient>=0.10',
+      'nbformat>=5.10',
+      'ipykernel>=6.29',
     ],
   },
 )
