@@ -1,10 +1,12 @@
 # Two commands on a fresh machine: `make run` (the main job) and `make test`.
 # Both create the virtual environment on first use (VENV, default .venv).
 VENV ?= .venv
+# Where `make run` trains; running it again resumes from the last checkpoint.
+WORKDIR ?= workdir/arith_tiny
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint format bench
+.PHONY: run demo test lint format bench lab
 
 $(STAMP): setup.py
 	python3 -m venv $(VENV)
@@ -13,6 +15,9 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 run: $(STAMP)
+	$(PY) -m jaxcorr.main --config=configs/arith_tiny.py --workdir=$(WORKDIR)
+
+demo: $(STAMP)
 	$(PY) -m jaxcorr.demo
 
 test: $(STAMP)
@@ -30,3 +35,7 @@ bench: $(STAMP)
 	$(PY) bench/losses.py
 	$(PY) bench/model.py
 	$(PY) bench/rollout.py
+	$(PY) bench/train.py
+
+lab: $(STAMP)
+	$(PY) -m jaxcorr.lab --out=docs/mismatch_lab
