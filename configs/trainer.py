@@ -179,6 +179,7 @@ def optim_section() -> ml_collections.ConfigDict:
   # 'constant' or 'cosine' (to min_lr_ratio * peak at the last update).
   o.schedule = 'constant'
   o.min_lr_ratio = 0.1
+  # AdamW's decoupled weight decay, moment decays and epsilon.
   o.weight_decay = 0.0
   o.b1 = 0.9
   o.b2 = 0.999
@@ -204,7 +205,10 @@ def critic_section() -> ml_collections.ConfigDict:
 def mesh_section() -> ml_collections.ConfigDict:
   """Trainer mesh axis sizes; one may be -1 (all remaining devices)."""
   s = ml_collections.ConfigDict()
+  # Pure data parallelism (params replicated along it).
   s.data = 1
+  # Data parallelism with params and optimizer state sharded (ZeRO-3).
   s.fsdp = -1
+  # Tensor (model) parallelism over heads and the MLP width.
   s.tensor = 1
   return s

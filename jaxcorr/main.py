@@ -44,8 +44,12 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   from jaxcorr import distributed
+  from jaxcorr.train import run_config
 
   try:
+    # Validated here as well as in Trainer so that a bad field is a usage
+    # message before jax.distributed, device or file work.
+    run_config.build(_CONFIG.value)
     distributed.initialize_from_flags()
   except ValueError as e:
     raise app.UsageError(str(e)) from e

@@ -13,9 +13,12 @@ import math
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from configs import arith_tiny
+from jaxcorr import export
 from jaxcorr.losses import correction as corr_lib
+from jaxcorr.model import load_hf
 from jaxcorr.train import reward_fns
 from jaxcorr.train.loop import Trainer
 
@@ -139,9 +142,12 @@ def test_reward_failure_scores_zero_and_counts(tmp_path):
     assert r[f'reward/{name}/mean'] == 0
 
 
-def test_metrics_have_step_breakdown(tmp_path):
-  _train(_config('bypass_ppo_clip'), tmp_path)
-  r = _read(tmp_path)[-1]
+def test_step_breakdown_metrics_and_export(tmp_path):
+  """One run checked twice (a run costs a compile): the metrics a step
+  writes, and `jaxcorr.export` of its last checkpoint to a HF directory that
+  `load_hf` reads back as the same model."""
+  trainer, _ = _train(_config('bypass_ppo_clip'), tmp_path / 'run')
+  r = _read(tmp_path / 'run')[-1]
   for k in (
     'time/rollout',
     'time/prepare',
@@ -155,3 +161,18 @@ def test_metrics_have_step_breakdown(tmp_path):
     'actor/lr',
   ):
     assert k in r, k
+  step = export.export(str(tmp_path / 'run'), str(tmp_path / 'hf'))
+  assert step == trainer.step == 3
+  loaded = load_hf(tmp_path / 'hf')
+  trained = nnx.merge(trainer.graphdef, trainer.state.params)
+  # Same weights bit for bit; the logits differ only by the reduction
+  # order of an 8-device vs a 1-device forward.
+  a = jax.tree.leaves(jax.device_get(nnx.state(loaded, nnx.Param)))
+  b = jax.tree.leaves(jax.device_get(nnx.state(trained, nnx.Param)))
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x, y)
+  tokens = np.arange(2 * 8, dtype=np.int32).reshape(2, 8) % 27
+  np.testing.assert_allclose(
+    np.asarray(loaded(tokens)), np.asarray(trained(tokens)), atol=1e-5
+  )

@@ -343,8 +343,11 @@ def build(config: ml_collections.ConfigDict) -> RunConfig:
     'config.mesh', mesh_values, ('data', 'fsdp', 'tensor')
   )
   for axis, size in mesh_values.items():
-    if isinstance(size, bool) or not isinstance(size, int):
+    is_int = isinstance(size, int) and not isinstance(size, bool)
+    if not is_int or not (size == -1 or size >= 1):
       _fail(f'config.mesh.{axis}', size, 'a positive int or -1')
+  if list(mesh_values.values()).count(-1) > 1:
+    _fail('config.mesh', mesh_values, 'at most one axis of size -1')
   run = RunConfig(
     losses=loss_config.build(config),
     algorithm=algorithm_config.build(config),

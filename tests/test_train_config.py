@@ -1,0 +1,163 @@
+"""Task configs x presets, and start-up errors of the trainer's config.
+
+Every task config must build with every correction preset (the issue's
+"each correction preset composes with each task config"), never gain keys
+from a preset, and reject typos and invalid combinations before any device
+work, with a message naming the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from configs import arith_tiny, base, gsm8k_qwen, llama8b_fsdp, presets
+from jaxcorr.train import run_config
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TASKS = {
+  'arith_tiny': arith_tiny,
+  'gsm8k_qwen': gsm8k_qwen,
+  'llama8b_fsdp': llama8b_fsdp,
+}
+NAMES = [*presets.names(), 'decoupled_geo_rs+rollout_kl', 'rollout_kl']
+
+
+def _flat_keys(cfg, prefix=''):
+  keys = set()
+  for k, v in cfg.items():
+    if hasattr(v, 'items'):
+      keys |= _flat_keys(v, f'{prefix}{k}.')
+    else:
+      keys.add(prefix + k)
+  return keys
+
+
+BASE_KEYS = _flat_keys(base.base_config())
+
+
+@pytest.mark.parametrize('task', sorted(TASKS))
+@pytest.mark.parametrize('name', NAMES)
+def test_every_preset_composes_with_every_task(task, name):
+  cfg = TASKS[task].get_config(name)
+  assert _flat_keys(cfg) == BASE_KEYS
+  run = run_config.build(cfg)
+  want = presets.overrides(name)
+  for path, value in want.items():
+    section, field = path.split('.')
+    assert cfg[section][field] == value, path
+  # The task's own values survive the preset.
+  assert run.train.num_steps == TASKS[task].get_config().train.num_steps
+  if want.get('correction.mode') == 'bypass':
+    assert not run.decoupled
+
+
+def test_pulse_composes_with_presets():
+  for name in ('bypass_pg_geo_rs', 'decoupled_seq_is_rs+rollout_kl'):
+    cfg = arith_tiny.get_config(f'pulse+{name}')
+    run = run_config.build(cfg)
+    assert run.train.num_steps < arith_tiny.get_config().train.num_steps
+    assert cfg.correction.mode == presets.overrides(name)['correction.mode']
+
+
+def test_task_configs_are_sized_as_documented():
+  small = run_config.build(arith_tiny.get_config())
+  assert small.train.sft_steps > 0 and small.model.hf_path == ''
+  qwen = run_config.build(gsm8k_qwen.get_config())
+  assert qwen.train.sft_steps == 0 and qwen.data.source == 'jsonl'
+  big = run_config.build(llama8b_fsdp.get_config())
+  assert big.model.scan_layers and big.model.remat != 'none'
+
+
+def _build_with(**overrides):
+  cfg = arith_tiny.get_config()
+  for path, value in overrides.items():
+    section, field = path.split('__')
+    cfg[section][field] = value
+  return run_config.build(cfg)
+
+
+INVALID = [
+  ({'train__mini_batches': 3}, r'config\.train\.mini_batches.*divisor'),
+  ({'train__micro_batches': 1000}, r'config\.train\.micro_batches'),
+  ({'algorithm__estimator': 'gae'}, r'config\.critic\.enabled'),
+  ({'algorithm__estimator': 'remax'}, r'config\.algorithm\.estimator'),
+  ({'rollout__max_new_tokens': 64}, r'max_position_embeddings'),
+  ({'rollout__mode': 'asynch'}, r"config\.rollout\.mode.*'sync'"),
+  ({'rollout__engine_quant': 'int4'}, r'config\.rollout\.engine_quant'),
+  ({'rollout__logprob_mode': 'exact'}, r'config\.rollout\.logprob_mode'),
+  ({'reward__functions': 'exact_match,nope'}, r'nope.*exact_match'),
+  ({'optim__schedule': 'linear'}, r'config\.optim\.schedule'),
+  ({'optim__learning_rate': -1.0}, r'config\.optim\.learning_rate'),
+  ({'model__dtype': 'fp8'}, r"config\.model\.dtype.*'bfloat16'"),
+  ({'model__remat': 'all'}, r'config\.model\.remat'),
+  ({'data__source': 'csv'}, r"config\.data\.source.*'jsonl'"),
+  ({'data__prompt_template': 'no slot'}, r'config\.data\.prompt_template'),
+  ({'train__num_steps': -1}, r'config\.train\.num_steps'),
+  ({'mesh__fsdp': 0}, r'config\.mesh\.fsdp'),
+  ({'mesh__data': -1}, r'at most one axis'),
+  ({'correction__is_level': 'word'}, r'is_level'),
+]
+
+
+@pytest.mark.parametrize(('overrides', 'match'), INVALID)
+def test_invalid_values_and_combinations_fail_at_build(overrides, match):
+  with pytest.raises(ValueError, match=match):
+    _build_with(**overrides)
+
+
+def test_bypass_with_micro_batches_needs_an_explicit_agg():
+  # GSPO's own aggregation is per sequence, the entropy term's per token.
+  cfg = arith_tiny.get_config('bypass_ppo_clip')
+  cfg.train.micro_batches = 2
+  cfg.actor.policy_loss = 'gspo'
+  cfg.actor.agg = None
+  cfg.actor.entropy_coeff = 0.01
+  with pytest.raises(ValueError, match=r'config\.actor\.agg'):
+    run_config.build(cfg)
+  cfg.actor.agg = 'token_mean'
+  run_config.build(cfg)
+
+
+def test_trainer_fields_are_commented():
+  """Each field assignment in configs/trainer.py sits under a comment (a
+  comment may cover a group of consecutive related assignments)."""
+  lines = (ROOT / 'configs' / 'trainer.py').read_text().splitlines()
+  field = re.compile(r'^\s+[a-z]\.\w+ = ')
+  n = 0
+  for i, line in enumerate(lines):
+    if field.match(line):
+      n += 1
+      j = i - 1
+      while field.match(lines[j]):
+        j -= 1
+      assert lines[j].strip().startswith('#'), line
+  assert n > 70  # the scan saw every section
+
+
+def _main(tmp_path, *args):
+  return subprocess.run(
+    [sys.executable, '-m', 'jaxcorr.main', f'--workdir={tmp_path}/w', *args],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+
+
+def test_cli_typo_and_bad_value_fail_before_any_work(tmp_path):
+  typo = _main(tmp_path, '--config.train.num_step=5')
+  assert typo.returncode != 0
+  assert 'num_step' in typo.stderr
+  bad = _main(tmp_path, '--config.rollout.mode=asynch')
+  assert bad.returncode != 0
+  assert "config.rollout.mode: invalid value 'asynch'" in bad.stderr
+  assert 'Traceback' not in bad.stderr  # a usage error, not a crash
+  assert not (tmp_path / 'w').exists()  # nothing written
+  unknown = _main(tmp_path, '--config=configs/arith_tiny.py:decoupled_tis')
+  assert unknown.returncode != 0
+  assert 'decoupled_token_is' in unknown.stderr  # the suggestion
