@@ -1,0 +1,119 @@
+"""Controlled rollout-mismatch experiments on the embedded arithmetic task.
+
+The correction presets exist because the engine that samples rollouts and
+the trainer that scores them disagree. Whether that disagreement hurts, and
+which correction helps, is an empirical question; this package answers it
+on a task small enough for a laptop CPU by *injecting* a known mismatch
+into an otherwise exact engine and training every preset against it.
+`python -m jaxcorr.lab` runs a grid of experiments from the command line
+(`--help` lists the mismatches and the flags).
+
+Mismatches (`MISMATCHES`, combinable with `+`, e.g. `bf16+stale4`): `none`
+(the control), `bf16` and `int8` engine weights, `stale<k>` (asynchronous
+rollouts k policy versions behind) and `severe` (all three, k = 8); see
+`mismatch_overrides`. Presets are the names of `configs/presets.py` plus
+`off` (`correction.enabled=False`: no correction and no diagnostics). The
+supervised warm-up does not depend on the preset or the mismatch, so a grid
+runs it once per seed (`sft_checkpoint`) and starts every experiment of that
+seed from a copy of its checkpoint; the trainer resumes bit-exactly from
+it, so a grid run equals a run from scratch.
+
+`summarise` reduces one run's metrics to the numbers a results table needs,
+and the `plot_*` helpers draw the curves; the notebooks and the CLI use both.
+`small=True` (or `JAXCORR_SMALL=1`) shrinks the runs to a reduced model and
+a few dozen steps, so a notebook finishes in a few minutes; its numbers show
+that everything runs, not what the full grid finds.
+
+Modules (everything public is re-exported here, `from jaxcorr import lab`):
+  config    mismatches, `make_config` (one experiment's config), SFT keys
+  runs      `run_experiment`, shared warm-ups, `Grid`, `default_plan`,
+            `run_grid`
+  summary   `summarise` and `curves` of a run, `aggregate` over seeds
+  results   the markdown table, results.json / results.md on disk
+  plots     the matplotlib figures and `save_plots`
+  __main__  the command line
+"""
+
+from jaxcorr.lab.config import (
+  DEFAULT_STALENESS,
+  LAB,
+  MISMATCHES,
+  OFF,
+  SFT_FIELDS,
+  SMALL,
+  env_small,
+  make_config,
+  mismatch_overrides,
+  sft_signature,
+)
+from jaxcorr.lab.plots import (
+  DIAGNOSTICS,
+  plot_diagnostics,
+  plot_final_accuracy,
+  plot_metric,
+  plot_rejected,
+  plot_rewards,
+  save_plots,
+)
+from jaxcorr.lab.results import load_results, markdown_table, write_results
+from jaxcorr.lab.runs import (
+  PRESETS,
+  SMALL_MISMATCHES,
+  SMALL_PRESETS,
+  WALL_FILE,
+  Grid,
+  default_plan,
+  enable_compile_cache,
+  run_experiment,
+  run_grid,
+  sft_checkpoint,
+)
+from jaxcorr.lab.summary import (
+  BASELINE,
+  COLLAPSE_DROP,
+  CURVE_KEYS,
+  aggregate,
+  baseline_accuracy,
+  curves,
+  summarise,
+)
+
+__all__ = [
+  'BASELINE',
+  'COLLAPSE_DROP',
+  'CURVE_KEYS',
+  'DEFAULT_STALENESS',
+  'DIAGNOSTICS',
+  'LAB',
+  'MISMATCHES',
+  'OFF',
+  'PRESETS',
+  'SFT_FIELDS',
+  'SMALL',
+  'SMALL_MISMATCHES',
+  'SMALL_PRESETS',
+  'WALL_FILE',
+  'Grid',
+  'aggregate',
+  'baseline_accuracy',
+  'curves',
+  'default_plan',
+  'enable_compile_cache',
+  'env_small',
+  'load_results',
+  'make_config',
+  'markdown_table',
+  'mismatch_overrides',
+  'plot_diagnostics',
+  'plot_final_accuracy',
+  'plot_metric',
+  'plot_rejected',
+  'plot_rewards',
+  'run_experiment',
+  'run_grid',
+  'save_plots',
+  'sft_checkpoint',
+  'sft_signature',
+  'summarise',
+  'write_results',
+]

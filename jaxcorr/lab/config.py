@@ -1,0 +1,187 @@
+"""What one lab experiment is: a preset against an injected mismatch, as
+the locked config of an arithmetic-task run.
+
+`MISMATCHES` and `mismatch_overrides` define the mismatches, `make_config`
+builds an experiment's config (task, preset, seed, `LAB`, `SMALL`,
+mismatch, overrides) and `sft_signature` keys the supervised warm-up that
+experiments can share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+
+from configs import arith_tiny
+
+OFF = 'off'
+"""The preset name for `correction.enabled=False` (no correction at all)."""
+
+DEFAULT_STALENESS = 4
+
+MISMATCHES: dict[str, dict[str, Any]] = {
+  'none': {},
+  'bf16': {'rollout.engine_dtype': 'bfloat16'},
+  'int8': {'rollout.engine_quant': 'int8'},
+  'stale': {
+    'rollout.mode': 'async',
+    'rollout.max_staleness': DEFAULT_STALENESS,
+  },
+  'severe': {
+    'rollout.engine_dtype': 'bfloat16',
+    'rollout.engine_quant': 'int8',
+    'rollout.mode': 'async',
+    'rollout.max_staleness': 8,
+  },
+}
+"""Mismatch name -> dotted config overrides; `stale<k>` is parsed."""
+
+# Shrinks a run for notebooks and tests: a narrower model, an easier task
+# (operands up to 19, so 150 warm-up steps reach ~0.8 accuracy), fewer and
+# smaller steps. Curves still move, in about 20 s a run after the first.
+SMALL: dict[str, Any] = {
+  'model.hidden_size': 64,
+  'model.intermediate_size': 192,
+  'data.max_operand': 19,
+  'rollout.prompts_per_step': 16,
+  'rollout.max_concurrent_decodes': 128,
+  'train.sft_steps': 150,
+  'train.sft_batch_size': 64,
+  'train.num_steps': 25,
+  'train.eval_every': 5,
+  'train.eval_prompts': 128,
+}
+
+# What every lab run sets: no TensorBoard files, a progress line every 10
+# steps, one checkpoint at the end (the lab never resumes mid-run).
+LAB: dict[str, Any] = {
+  'train.tensorboard': False,
+  'train.log_every': 10,
+  'train.checkpoint_every': 0,
+  'train.keep_checkpoints': 1,
+}
+
+# Fields the supervised warm-up reads; two configs that agree on them have
+# the same SFT checkpoint. Everything else only matters after step 0.
+SFT_FIELDS = (
+  'model',
+  'data',
+  'mesh',
+  'rollout.max_prompt_length',
+  'rollout.max_new_tokens',
+  'train.seed',
+  'train.sft_steps',
+  'train.sft_batch_size',
+  'optim.sft_learning_rate',
+  'optim.b1',
+  'optim.b2',
+  'optim.eps',
+  'optim.weight_decay',
+  'optim.max_grad_norm',
+  'critic.enabled',
+  'actor.kl_loss_coef',
+  'algorithm.kl_in_reward.enabled',
+)
+
+
+def env_small() -> bool:
+  """True when `JAXCORR_SMALL` is set to anything but '', '0' or 'false'."""
+  v = os.environ.get('JAXCORR_SMALL', '').strip().lower()
+  return v not in ('', '0', 'false', 'no')
+
+
+def mismatch_overrides(name: str) -> dict[str, Any]:
+  """Dotted config overrides of mismatch `name`.
+
+  `name` is one of `MISMATCHES`, `stale<k>` (k ≥ 0 policy versions of lag)
+  or several joined by `+` (`'bf16+stale4'`); later parts win on conflicts.
+  """
+  out: dict[str, Any] = {}
+  for part in name.split('+'):
+    part = part.strip()
+    if part in MISMATCHES:
+      out.update(MISMATCHES[part])
+    elif part.startswith('stale') and part[5:].isdigit():
+      out.update(
+        {'rollout.mode': 'async', 'rollout.max_staleness': int(part[5:])}
+      )
+    else:
+      raise ValueError(
+        f'unknown mismatch {part!r} in {name!r}: use one of '
+        f'{", ".join(MISMATCHES)}, stale<k>, or a +-joined combination'
+      )
+  return out
+
+
+def dotted(overrides: Mapping[str, Any]) -> dict[str, Any]:
+  """`optim__learning_rate` (a keyword argument) -> `optim.learning_rate`."""
+  return {k.replace('__', '.'): v for k, v in overrides.items()}
+
+
+def digest(value: Any, length: int) -> str:
+  """The first `length` hex digits of the SHA-256 of `value` as sorted-key
+  JSON (what JSON cannot hold is hashed as its `str`)."""
+  blob = json.dumps(value, sort_keys=True, default=str)
+  return hashlib.sha256(blob.encode()).hexdigest()[:length]
+
+
+def _set(config: ml_collections.ConfigDict, path: str, value: Any) -> None:
+  """Sets an existing dotted field (the locked config refuses new keys)."""
+  *parents, leaf = path.split('.')
+  node = config
+  for p in parents:
+    node = node[p]
+  if leaf not in node:
+    raise KeyError(f'config has no field {path!r}')
+  node[leaf] = value
+
+
+def _get(config: ml_collections.ConfigDict, path: str) -> Any:
+  node = config
+  for p in path.split('.'):
+    node = node[p]
+  return node.to_dict() if isinstance(node, ml_collections.ConfigDict) else node
+
+
+def make_config(
+  preset: str,
+  mismatch: str = 'none',
+  *,
+  seed: int = 0,
+  small: bool = False,
+  **overrides: Any,
+) -> ml_collections.ConfigDict:
+  """The locked arithmetic-task config of one experiment.
+
+  Order: the task and `preset` (`configs/arith_tiny.py`'s config string,
+  `pulse+` included; `OFF` -> `disabled` with `correction.enabled=False`),
+  the seed (`train.seed` and the model's `init_seed`, so seeds differ in
+  initialisation as well as data and sampling), `LAB`, `SMALL` if `small`,
+  the mismatch, then `overrides` (dotted paths or `section__field`
+  keywords).
+  """
+  pulse, name = arith_tiny.split(preset)
+  off = name == OFF
+  if off:
+    preset = ('pulse+' if pulse else '') + 'disabled'
+  config = arith_tiny.get_config(preset)
+  if off:
+    config.correction.enabled = False
+  values = {'train.seed': seed, 'model.init_seed': seed, **LAB}
+  if small:
+    values.update(SMALL)
+  values.update(mismatch_overrides(mismatch))
+  values.update(dotted(overrides))
+  for path, value in values.items():
+    _set(config, path, value)
+  return config
+
+
+def sft_signature(config: ml_collections.ConfigDict) -> str:
+  """A short hash of the fields the warm-up depends on (`SFT_FIELDS`)."""
+  return digest({p: _get(config, p) for p in SFT_FIELDS}, 12)

@@ -1,0 +1,131 @@
+"""A grid's results on disk: the markdown table (`markdown_table`) and the
+output directory (`write_results`: results.json, results.md and the PNGs;
+`load_results` reads the records back)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from jaxcorr.lab.plots import save_plots
+from jaxcorr.lab.summary import aggregate, baseline_accuracy
+
+if TYPE_CHECKING:  # runs.py imports this module
+  from jaxcorr.lab.runs import Grid
+
+
+def fmt(x: float | None, sig: int = 3) -> str:
+  """`x` for a table or a progress line: `sig` decimals, or scientific
+  notation for tiny and huge values; None is '–'."""
+  if x is None:
+    return '–'
+  if x != 0 and (abs(x) < 10.0**-sig or abs(x) >= 1e4):
+    return f'{x:.{max(sig - 1, 1)}e}'
+  return f'{x:.{sig}f}'
+
+
+def markdown_table(
+  records: Sequence[Mapping[str, Any]], *, per_seed: bool = True
+) -> str:
+  """The results table in markdown.
+
+  `per_seed`: one row per run, with `Δ base`, the final accuracy minus
+  that of the same seed's `BASELINE` run. Otherwise one row per (mismatch,
+  preset) with means over seeds and the per-seed final accuracies.
+  """
+  head = (
+    '| mismatch | preset | {seed} | acc@0 | final acc | {delta} | peak acc '
+    '| reward last 20% | max kl | mean χ²_token | max \\|ppl−1\\| '
+    '| rejected tok | collapsed |'
+  )
+  lines = [
+    head.format(
+      seed='seed' if per_seed else 'seeds',
+      delta='Δ base' if per_seed else '(per seed)',
+    ),
+    '|' + '---|' * 13,
+  ]
+
+  def cells(row: Mapping[str, Any]) -> str:
+    return (
+      f'{fmt(row["peak_accuracy"])} | {fmt(row["reward_last20"])} | '
+      f'{fmt(row["max_kl"], 2)} | {fmt(row["mean_chi2_token"], 2)} | '
+      f'{fmt(row["max_ppl_dev"], 2)} | '
+      f'{fmt(row["rejected_token_fraction"], 2)}'
+    )
+
+  if per_seed:
+    base = baseline_accuracy(records)
+    for r in records:
+      s = r['summary']
+      b = base.get(r['seed'])
+      delta = (
+        '–'
+        if b is None or s['final_accuracy'] is None
+        else f'{s["final_accuracy"] - b:+.3f}'
+      )
+      lines.append(
+        f'| {r["mismatch"]} | `{r["preset"]}` | {r["seed"]} | '
+        f'{fmt(s["initial_accuracy"])} | {fmt(s["final_accuracy"])} | '
+        f'{delta} | {cells(s)} | {"yes" if s["collapsed"] else "no"} |'
+      )
+  else:
+    for row in aggregate(records):
+      seeds = ', '.join(fmt(x) for x in row['final_accuracy_per_seed'])
+      lines.append(
+        f'| {row["mismatch"]} | `{row["preset"]}` | '
+        f'{",".join(map(str, row["seeds"]))} | '
+        f'{fmt(row["initial_accuracy"])} | '
+        f'{fmt(row["final_accuracy"])} | ({seeds}) | {cells(row)} | '
+        f'{row["collapsed"]}/{len(row["seeds"])} |'
+      )
+  return '\n'.join(lines) + '\n'
+
+
+def write_results(
+  records: Sequence[Mapping[str, Any]],
+  out: str,
+  *,
+  plan: Sequence[Grid] = (),
+  plots: bool = True,
+) -> None:
+  """results.json (the plan and the records), results.md (the table) and
+  the PNGs."""
+  os.makedirs(out, exist_ok=True)
+  meta = [dataclasses.asdict(g) for g in plan]
+  with open(os.path.join(out, 'results.json'), 'w') as f:
+    # One run per line: readable diffs, a tenth of an indented dump's size.
+    f.write('{"plan": ' + json.dumps(meta) + ',\n "runs": [\n')
+    runs = [json.dumps(r, separators=(',', ':')) for r in _finite(records)]
+    f.write(',\n'.join(runs) + '\n]}\n')
+  with open(os.path.join(out, 'results.md'), 'w') as f:
+    f.write('# Mismatch lab results\n\nOne row per run:\n\n')
+    f.write(markdown_table(records))
+    if any(len(r['seeds']) > 1 for r in aggregate(records)):
+      f.write('\nMeans over seeds:\n\n')
+      f.write(markdown_table(records, per_seed=False))
+  if plots:
+    save_plots(records, out)
+
+
+def _finite(x: Any) -> Any:
+  """NaN and ±inf -> None, so results.json is standard JSON."""
+  if isinstance(x, float) and not math.isfinite(x):
+    return None
+  if isinstance(x, dict):
+    return {k: _finite(v) for k, v in x.items()}
+  if isinstance(x, list | tuple):
+    return [_finite(v) for v in x]
+  return x
+
+
+def load_results(path: str) -> list[dict[str, Any]]:
+  """The records of a results.json (a file or the directory holding it)."""
+  if os.path.isdir(path):
+    path = os.path.join(path, 'results.json')
+  with open(path) as f:
+    return json.load(f)['runs']
