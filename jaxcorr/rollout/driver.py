@@ -7,10 +7,13 @@
 JetStream 0.2.2's orchestrator returns text only, so jaxcorr drives the
 engine itself and keeps the per-token log-probs its `PolicyEngine` returns.
 Request r = (prompt i, sample s) draws with the key
-fold_in(fold_in(PRNGKey(seed), i), s): its tokens depend neither on the slot
-it lands in nor on the other requests, so any slot count gives the same
-batch. The loop runs on the host and syncs once per decode step (to retire
-finished requests); the steps themselves are jitted in the engine.
+fold_in(fold_in(PRNGKey(seed), first_prompt + i), s): its tokens depend
+neither on the slot it lands in nor on the other requests, so any slot count
+gives the same batch, and a host sampling its share of a global batch
+(`first_prompt` = the global index of its first prompt) draws what one host
+sampling the whole batch would. The loop runs on the host and syncs once per
+decode step (to retire finished requests); the steps themselves are jitted
+in the engine.
 """
 
 from __future__ import annotations
@@ -85,12 +88,14 @@ def generate(
   min_p: float = 0.0,
   stop_token_ids: Sequence[int] = (),
   seed: int = 0,
+  first_prompt: int = 0,
 ) -> RolloutBatch:
   """Sample `num_samples` responses per prompt (token-id lists).
 
   Returns a host (numpy) `RolloutBatch` of B = len(prompts) * num_samples
   rows, the samples of one prompt adjacent; P = the longest prompt, T =
-  max_new_tokens. `top_k=1` is greedy.
+  max_new_tokens. `top_k=1` is greedy. `first_prompt` offsets the prompt
+  index in the sampling keys (module docstring), not the `group_id`s.
   """
   check_requests(engine, prompts, max_new_tokens)
   if num_samples < 1:
@@ -112,7 +117,7 @@ def generate(
         req = queue.popleft()
         padded, n = engine.pad_prompt(prompts[req.group])
         key = jax.random.fold_in(
-          jax.random.fold_in(root, req.group), req.sample
+          jax.random.fold_in(root, first_prompt + req.group), req.sample
         )
         prefix = engine.prefill(
           params=engine.params,

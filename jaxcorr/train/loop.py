@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
+from etils import epath
 from flax import nnx
 
 from jaxcorr import sharding
@@ -133,10 +134,12 @@ class Trainer:
     self.process_count = jax.process_count()
     primary = self.process_index == 0 and not read_only
     if primary:
-      os.makedirs(workdir, exist_ok=True)
+      # epath: a gs:// workdir (TPU pods) gets the file next to the
+      # checkpoints; os.makedirs would make a local 'gs:' directory.
+      path = epath.Path(workdir)
+      path.mkdir(parents=True, exist_ok=True)
       # Every override applied: what `jaxcorr.export` rebuilds the run from.
-      with open(os.path.join(workdir, 'config.json'), 'w') as f:
-        f.write(config.to_json(indent=2))
+      (path / 'config.json').write_text(config.to_json(indent=2))
     if self.process_count > 1 and run.rollout.rollout_devices:
       raise ValueError(
         'config.rollout.rollout_devices must be 0 with several processes: '
@@ -303,8 +306,13 @@ class Trainer:
 
   def _engine(self, mesh) -> PolicyEngine:
     r = self.run.rollout
+    policy = self.policy
+    if self.process_count > 1:
+      # The policy's arrays span every host, the engine's mesh may not:
+      # JAX cannot device_put across hosts, so start from host copies.
+      policy = nnx.merge(self.graphdef, self.engine_params())
     return PolicyEngine(
-      self.policy,
+      policy,
       max_concurrent_decodes=r.max_concurrent_decodes,
       max_prefill_length=r.max_prompt_length,
       max_target_length=r.max_prompt_length + r.max_new_tokens,
@@ -328,16 +336,22 @@ class Trainer:
         out[name] = jax.make_array_from_process_local_data(sh, x)
     return out
 
-  def _global_mean(self, m: dict[str, float]) -> dict[str, float]:
-    """Host metrics averaged over processes (identity for one process)."""
+  def _global_host(self, m: dict[str, float]) -> dict[str, float]:
+    """Host metrics of this process's rows -> those of all rows, as one
+    process would compute them (`metrics.combine_processes`; identity for
+    one process). A collective: every process calls it with the same keys."""
     if self.process_count == 1 or not m:
       return m
     from jax.experimental import multihost_utils
 
     keys = sorted(m)
-    vals = np.asarray([m[k] for k in keys], np.float64)
-    allv = multihost_utils.process_allgather(vals)
-    return dict(zip(keys, np.asarray(allv).mean(0).tolist()))
+    # Gathered as raw bits: a float64 array would pass through JAX as
+    # float32 (x64 is off).
+    bits = np.asarray([m[k] for k in keys], np.float64).view(np.uint32)
+    allv = np.asarray(multihost_utils.process_allgather(bits))
+    allv = allv.reshape(self.process_count, -1).view(np.float64)
+    combined = metrics.combine_processes(keys, allv)
+    return {k: combined[k] for k in m}  # the order one process logs
 
   def engine_params(self) -> Any:
     """A copy of the policy's weights for the engine (one that later
@@ -518,13 +532,17 @@ class Trainer:
       self.state, upd = self.steps.update(state, train_arrays)
       device_metrics = metrics.to_host_scalars({**prep, **upd})
     t2 = time.perf_counter()
-    out = {**self._global_mean({**scored.metrics, **host}), **device_metrics}
+    tokens = int(np.asarray(rb.context_mask).sum())
+    tokens += int(np.asarray(rb.prompt_mask).sum())
+    host = self._global_host(
+      {**scored.metrics, **host, 'perf/train_tokens': float(tokens)}
+    )
+    train_tokens = host.pop('perf/train_tokens')  # all processes' tokens
+    out = {**host, **device_metrics}
     out['time/prepare'] = t1 - t0
     out['time/update'] = t2 - t1
     out['rollout/policy_version'] = float(scored.version)
-    tokens = int(np.asarray(rb.context_mask).sum())
-    tokens += int(np.asarray(rb.prompt_mask).sum())
-    out['perf/train_tokens'] = float(tokens * self.process_count)
+    out['perf/train_tokens'] = train_tokens
     return out
 
   def _evaluate(self, out: dict[str, float]) -> None:
@@ -535,7 +553,7 @@ class Trainer:
         self.engine_params(), version=self.step
       )
     ev = self.eval_stage.evaluate(self.eval_examples, step=10**9 + self.step)
-    out.update(self._global_mean(ev))
+    out.update(self._global_host(ev))
 
   def train(self) -> dict[str, float]:
     """Run (or resume) the whole job; returns the last step's metrics."""

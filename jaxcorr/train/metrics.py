@@ -118,6 +118,45 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
   return out
 
 
+# ---------------------------------------------------------- processes
+
+SUMMED = ('reward/failures', 'reward/timeouts', 'perf/train_tokens')
+"""Host metrics that are counts over the rows: summed over processes."""
+
+
+def combine_processes(
+  keys: Sequence[str], values: np.ndarray
+) -> dict[str, float]:
+  """One process's view of host metrics computed per process on equal
+  shares of the rows: `values` is `[processes, len(keys)]`.
+
+  Every process computes `rollout/`, `reward/` and `response_length/` on its
+  own rows, and every process has as many rows; the result is what one
+  process computing them on all rows would log: counts in `SUMMED` add up,
+  `*_max` / `*/max` and `*/min` take the extreme, `X/std` pools the
+  per-process variances around the global `X/mean` (when `X/mean` is one of
+  the keys), and everything else (means, fractions, times) is averaged.
+  """
+  v = np.asarray(values, np.float64).reshape(-1, len(keys))
+  col = {k: v[:, i] for i, k in enumerate(keys)}
+  out = {}
+  for k, x in col.items():
+    mean_key = k[: -len('std')] + 'mean'
+    if k in SUMMED:
+      out[k] = x.sum()
+    elif k.endswith(('_max', '/max')):
+      out[k] = x.max()
+    elif k.endswith('/min'):
+      out[k] = x.min()
+    elif k.endswith('/std') and mean_key in col:
+      m = col[mean_key]
+      var = np.mean(x**2 + m**2) - np.mean(m) ** 2
+      out[k] = np.sqrt(max(var, 0.0))
+    else:
+      out[k] = x.mean()
+  return {k: float(x) for k, x in out.items()}
+
+
 # ------------------------------------------------------------ TensorBoard
 
 

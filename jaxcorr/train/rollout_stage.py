@@ -8,6 +8,13 @@ The engine's token ids are what the trainer trains on; responses are
 decoded only for the reward functions (contract §3). The sampling seed of
 step s is fold_in(PRNGKey(train.seed), s): a step's rollouts do not depend
 on what ran before it, which is what makes resume exact.
+
+Multi-host: every process samples its own contiguous share of the global
+batch (`data.PromptLoader`, the held-out split), all shares of one size, so
+process i's first prompt is prompt i * len(examples) of the batch. That
+global index, not the local one, keys the sampling (`driver.generate`'s
+`first_prompt`): a sample's tokens are the same whatever the number of
+processes.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxcorr.rollout import driver
@@ -95,10 +103,21 @@ class RolloutStage:
     ]
 
   def run_step(
-    self, examples: Sequence[Example], *, step: int, greedy: bool = False
+    self,
+    examples: Sequence[Example],
+    *,
+    step: int,
+    greedy: bool = False,
+    first_prompt: int | None = None,
   ) -> Scored:
-    """Sample (or decode greedily, one sample) and score `examples`."""
+    """Sample (or decode greedily, one sample) and score `examples`.
+
+    `first_prompt` is the index of `examples[0]` in the global batch
+    (default: this process's equal share, module docstring).
+    """
     r = self.run.rollout
+    if first_prompt is None:
+      first_prompt = jax.process_index() * len(examples)
     t0 = time.perf_counter()
     n = 1 if greedy else r.samples_per_prompt
     batch = driver.generate(
@@ -112,6 +131,7 @@ class RolloutStage:
       min_p=0.0 if greedy else r.min_p,
       stop_token_ids=self.stop_ids,
       seed=step_seed(self.run.train.seed, step),
+      first_prompt=first_prompt,
     )
     t1 = time.perf_counter()
     answers = [ex.answer for ex in examples for _ in range(n)]
