@@ -30,6 +30,8 @@ setup(
     'safetensors>=0.4.3',
     'tokenizers>=0.19',
     'pyarrow>=14',
+    # Paths that may be gs:// (config.json of a TPU pod run's workdir).
+    'etils[epath]>=1.5',
   ],
   extras_require={
     'test': [

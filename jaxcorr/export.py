@@ -16,11 +16,11 @@ weights and config are written there.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 
 import ml_collections
 from absl import app, flags
+from etils import epath
 from flax import nnx
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The training run directory.')
@@ -35,14 +35,13 @@ CONFIG_FILE = 'config.json'
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   """The locked ConfigDict a run in `workdir` was started with."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.isfile(path):
+  path = epath.Path(workdir) / CONFIG_FILE
+  if not path.is_file():
     raise FileNotFoundError(
       f'{path} not found: --workdir must be a directory written by '
       'python -m jaxcorr.main'
     )
-  with open(path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+  config = ml_collections.ConfigDict(json.loads(path.read_text()))
   config.lock()
   return config
 
