@@ -184,6 +184,9 @@ class Steps:
     self.critic_graphdef = critic_graphdef
     self.critic_tx = critic_tx
     self.state_shardings = state_shardings
+    # Times each function was traced (a Python side effect runs only while
+    # tracing): a step that retraces recompiles, which tests rule out.
+    self.traces = {'prepare': 0, 'update': 0}
     # prepare donates nothing: the params it reads are the ones the update
     # trains next (and, in sync mode, the engine's until the weight sync).
     self.prepare = jax.jit(
@@ -283,6 +286,7 @@ class Steps:
     ref_params: Any,
     batch: dict,
   ):
+    self.traces['prepare'] += 1
     run = self.run
     corr = run.losses.correction
     alg = run.algorithm
@@ -447,6 +451,7 @@ class Steps:
     return params, opt_state
 
   def _update(self, state: TrainState, arrays: dict):
+    self.traces['update'] += 1
     run = self.run
     t = run.train
     rows = arrays['response_mask'].shape[0]
