@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import base, presets
+from configs import base
 from jaxcorr.train.tasks import CharTokenizer
 
 
@@ -93,10 +93,10 @@ def split(config_string: str | None) -> tuple[bool, str | None]:
 
 def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
   pulse, preset = split(config_string)
-  config = base.base_config()
-  apply_task(config)
-  if pulse:
-    apply_pulse(config)
-  presets.apply_preset(config, preset)
-  config.lock()
-  return config
+
+  def task(config: ml_collections.ConfigDict) -> None:
+    apply_task(config)
+    if pulse:
+      apply_pulse(config)
+
+  return base.get_config(preset, task=task)

@@ -48,6 +48,8 @@ the preset named by its config string the same way `get_config` does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import ml_collections
 from ml_collections import config_dict
 
@@ -176,9 +178,18 @@ def base_config() -> ml_collections.ConfigDict:
   return config
 
 
-def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
-  """The base config with preset `config_string` applied (None: disabled)."""
+def get_config(
+  config_string: str | None = None,
+  *,
+  task: Callable[[ml_collections.ConfigDict], None] | None = None,
+) -> ml_collections.ConfigDict:
+  """The base config, then a task config's values (`task(config)`, which
+  changes values, never keys), then preset `config_string` (None:
+  disabled), locked. Every task config's `get_config` is this with its own
+  `task`."""
   config = base_config()
+  if task is not None:
+    task(config)
   presets.apply_preset(config, config_string)
   config.lock()
   return config

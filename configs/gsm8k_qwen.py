@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import base, presets
+from configs import base
 
 PROMPT = (
   '<|im_start|>system\nPlease reason step by step, and put your final '
@@ -78,8 +78,4 @@ def apply_task(config: ml_collections.ConfigDict) -> None:
 
 
 def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
-  config = base.base_config()
-  apply_task(config)
-  presets.apply_preset(config, config_string)
-  config.lock()
-  return config
+  return base.get_config(config_string, task=apply_task)

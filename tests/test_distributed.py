@@ -3,21 +3,14 @@ real two-process CPU job (gloo collectives, one global 8-device mesh)."""
 
 from __future__ import annotations
 
-import os
-import pathlib
-import socket
-import subprocess
-import sys
 import textwrap
-import time
 
 import jax
+import process_group
 import pytest
 from absl import flags
 
 from jaxcorr import distributed
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -281,48 +274,16 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(('localhost', 0))
-    return s.getsockname()[1]
-
-
 def test_two_process_cpu_job_sums_a_global_array(tmp_path):
   script = tmp_path / 'child.py'
   script.write_text(_CHILD)
-  env = {
-    k: v
-    for k, v in os.environ.items()
-    if not k.startswith(('XLA_', 'JAX_', 'TPU_', 'MEGASCALE_'))
-    and k not in (distributed.ENV_SWITCH, 'CLOUD_TPU_TASK_ID')
-  }
-  env['PYTHONPATH'] = os.pathsep.join(
-    [str(REPO), *filter(None, [os.environ.get('PYTHONPATH')])]
+  port = str(process_group.free_port())
+  results = process_group.run_group(
+    [[str(script), str(pid), port] for pid in range(2)],
+    env=process_group.clean_env(),
+    timeout_s=120,
   )
-  port = str(_free_port())
-  procs = [
-    subprocess.Popen(
-      [sys.executable, str(script), str(pid), port],
-      cwd=REPO,
-      env=env,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-    )
-    for pid in range(2)
-  ]
-  deadline = time.monotonic() + 120
-  outputs = []
-  try:
-    for p in procs:
-      left = max(deadline - time.monotonic(), 1)
-      outputs.append(p.communicate(timeout=left)[0])
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
   expected = float(sum(range(32)))  # 496
-  for pid, (p, out) in enumerate(zip(procs, outputs)):
-    assert p.returncode == 0, f'process {pid} failed:\n{out}'
+  for pid, (code, out) in enumerate(results):
+    assert code == 0, f'process {pid} failed:\n{out}'
     assert f'RESULT {pid} {expected:.1f}' in out, out

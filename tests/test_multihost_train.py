@@ -36,18 +36,13 @@ the reduction behind the host metrics of several processes.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import shutil
-import socket
-import subprocess
-import sys
-import time
 
 import jax
 import numpy as np
+import process_group
 
-from jaxcorr import distributed
 from jaxcorr.rollout.types import RolloutBatch
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train import metrics
@@ -61,64 +56,27 @@ VOLATILE = ('time/', 'perf/tokens_per_s')
 TIMEOUT_S = 420
 
 
-def _free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(('localhost', 0))
-    return s.getsockname()[1]
-
-
-def _env() -> dict[str, str]:
-  env = {
-    k: v
-    for k, v in os.environ.items()
-    if not k.startswith(('XLA_', 'JAX_', 'TPU_', 'MEGASCALE_'))
-    and k not in (distributed.ENV_SWITCH, 'CLOUD_TPU_TASK_ID')
-  }
-  env['PYTHONPATH'] = os.pathsep.join(
-    [str(REPO), *filter(None, [os.environ.get('PYTHONPATH')])]
-  )
-  # Halves XLA's compile time, which is most of this test's; both jobs
-  # compile the same way, so the comparison is unaffected.
-  env['XLA_FLAGS'] = '--xla_backend_optimization_level=0'
-  return env
-
-
 def _job(processes: int, devices: int, args: list[str]) -> None:
   """Run the driver in `processes` processes; fail with their output."""
-  port = str(_free_port())
-  procs = [
-    subprocess.Popen(
-      [
-        sys.executable,
-        str(DRIVER),
-        f'--devices={devices}',
-        f'--processes={processes}',
-        f'--process_id={pid}',
-        f'--port={port}',
-        f'--preset={PRESET}',
-        *args,
-      ],
-      cwd=REPO,
-      env=_env(),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-    )
+  port = str(process_group.free_port())
+  argvs = [
+    [
+      str(DRIVER),
+      f'--devices={devices}',
+      f'--processes={processes}',
+      f'--process_id={pid}',
+      f'--port={port}',
+      f'--preset={PRESET}',
+      *args,
+    ]
     for pid in range(processes)
   ]
-  deadline = time.monotonic() + TIMEOUT_S
-  outputs = []
-  try:
-    for p in procs:
-      left = max(deadline - time.monotonic(), 1)
-      outputs.append(p.communicate(timeout=left)[0])
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  for pid, (p, out) in enumerate(zip(procs, outputs)):
-    assert p.returncode == 0, f'process {pid} failed:\n{out[-6000:]}'
+  # Halves XLA's compile time, which is most of this test's; both jobs
+  # compile the same way, so the comparison is unaffected.
+  env = process_group.clean_env(XLA_FLAGS='--xla_backend_optimization_level=0')
+  results = process_group.run_group(argvs, env=env, timeout_s=TIMEOUT_S)
+  for pid, (code, out) in enumerate(results):
+    assert code == 0, f'process {pid} failed:\n{out[-6000:]}'
     assert f'DONE process {pid}' in out, out[-6000:]
 
 

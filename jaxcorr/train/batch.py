@@ -143,7 +143,9 @@ def rollout_metrics(
   lengths = mask.sum(1)[real]
   r = np.asarray(seq_reward, np.float64)[real]
   m = {
-    'rollout/staleness_mean': float(staleness.mean()) if n else 0.0,
+    'rollout/staleness_mean': (
+      float(staleness.mean()) if staleness.size else 0.0
+    ),
     'rollout/staleness_max': float(staleness.max()) if staleness.size else 0,
     'rollout/mixed_version_fraction': float(mixed[real].sum() / n),
     'rollout/stale_dropped_fraction': float(stale_dropped.sum() / n),

@@ -484,19 +484,18 @@ class Trainer:
     r = run.rollout
     rb = scored.batch
     validate_rollout_batch(rb, self._validation())
-    finish = np.asarray(rb.finish_reason)
-    errors = float(np.mean(finish == 3)) if finish.size else 0.0
-    if errors > r.max_error_fraction:
-      raise RuntimeError(
-        f'{errors:.1%} of the rollouts are ERROR rows > '
-        f'config.rollout.max_error_fraction={r.max_error_fraction}'
-      )
     host = batch_lib.rollout_metrics(
       rb,
       scored.rewards,
       trainer_version=self.step,
       max_staleness=r.max_staleness,
     )
+    errors = host['rollout/finish_error_fraction']
+    if errors > r.max_error_fraction:
+      raise RuntimeError(
+        f'{errors:.1%} of the rollouts are ERROR rows > '
+        f'config.rollout.max_error_fraction={r.max_error_fraction}'
+      )
     staleness_max = host['rollout/staleness_max']
     if r.max_staleness is not None and staleness_max > r.max_staleness:
       # Rows above the bound are dropped by `assemble`; with the fixed-lag

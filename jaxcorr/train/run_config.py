@@ -19,7 +19,7 @@ import ml_collections
 
 from jaxcorr import algorithm_config, config_sections, loss_config
 from jaxcorr.losses import aggregate as agg_lib
-from jaxcorr.losses import objective
+from jaxcorr.losses import masked, objective
 from jaxcorr.sharding import MeshConfig
 
 DTYPES = ('float32', 'bfloat16', 'float16')
@@ -29,14 +29,18 @@ def _fail(path: str, value: Any, allowed: str) -> None:
   raise ValueError(f'{path}: invalid value {value!r}; allowed: {allowed}')
 
 
+def _is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _int(path: str, value: Any, lo: int) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+  if not _is_int(value) or value < lo:
     _fail(path, value, f'an int >= {lo}')
 
 
 def _num(path: str, value: Any, lo: float, *, strict: bool = False) -> None:
-  ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-  ok = ok and math.isfinite(value) and (value > lo if strict else value >= lo)
+  ok = masked.is_number(value) and math.isfinite(value)
+  ok = ok and (value > lo if strict else value >= lo)
   if not ok:
     _fail(path, value, f'a finite number {">" if strict else ">="} {lo}')
 
@@ -343,8 +347,7 @@ def build(config: ml_collections.ConfigDict) -> RunConfig:
     'config.mesh', mesh_values, ('data', 'fsdp', 'tensor')
   )
   for axis, size in mesh_values.items():
-    is_int = isinstance(size, int) and not isinstance(size, bool)
-    if not is_int or not (size == -1 or size >= 1):
+    if not _is_int(size) or not (size == -1 or size >= 1):
       _fail(f'config.mesh.{axis}', size, 'a positive int or -1')
   if list(mesh_values.values()).count(-1) > 1:
     _fail('config.mesh', mesh_values, 'at most one axis of size -1')

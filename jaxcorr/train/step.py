@@ -150,6 +150,31 @@ def merge_micro(tree: Any) -> Any:
   return jax.tree.map(one, tree)
 
 
+def at_response(x: jax.Array, batch: dict) -> jax.Array:
+  """Per-position outputs `[B, P + T, ...]` of `concat(prompt, response)`
+  -> those predicting response token t, read at position P + t − 1
+  (contract §5): `[B, T, ...]`."""
+  t = batch['response_mask'].shape[1]
+  p = batch['tokens'].shape[1] - t
+  return x[:, p - 1 : p - 1 + t]
+
+
+def apply_updates(
+  tx: optax.GradientTransformation,
+  grads: Any,
+  opt_state: Any,
+  params: Any,
+  shardings: Any = None,
+) -> tuple[Any, Any]:
+  """One optimizer step; the new params keep `shardings` (when given), so
+  the next call of the step compiles to the same executable."""
+  updates, opt_state = tx.update(grads, opt_state, params)
+  params = optax.apply_updates(params, updates)
+  if shardings is not None:
+    params = jax.lax.with_sharding_constraint(params, shardings)
+  return params, opt_state
+
+
 # ------------------------------------------------------------ the steps
 
 
@@ -208,10 +233,8 @@ class Steps:
     """log π(response token t) `[B, T]` (and the entropy), read at position
     P + t − 1 of `concat(prompt, response)` (contract §5)."""
     model = nnx.merge(self.graphdef, params)
-    t = batch['response_mask'].shape[1]
-    p = batch['tokens'].shape[1] - t
     if self.run.rollout.logprob_mode == 'truncated':
-      return self._truncated_logp(model, batch, p, entropy)
+      return self._truncated_logp(model, batch, entropy)
     out = token_logprobs(
       model,
       batch['tokens'],
@@ -221,15 +244,15 @@ class Steps:
       chunk_size=self.run.model.logprob_chunk,
     )
     if entropy:
-      return out[0][:, p - 1 : p - 1 + t], out[1][:, p - 1 : p - 1 + t]
-    return out[:, p - 1 : p - 1 + t]
+      return at_response(out[0], batch), at_response(out[1], batch)
+    return at_response(out, batch)
 
-  def _truncated_logp(self, model, batch, p, entropy):
+  def _truncated_logp(self, model, batch, entropy):
     """Contract §2 'truncated': the engine's rule on the trainer's logits,
     over K' = K_θ ∪ {y_t} (a constant set), with full-vocabulary logits."""
-    t = batch['response_mask'].shape[1]
     logits = model(batch['tokens'], segment_ids=batch['segment_ids'])
-    logits = logits[:, p - 1 : p - 1 + t]
+    logits = at_response(logits, batch)
+    p = batch['tokens'].shape[1] - batch['response_mask'].shape[1]
     y = batch['tokens'][:, p:]
     row = lambda x: x[:, None]  # noqa: E731  [B] -> [B, 1] per position
     keep = sampling.support(
@@ -257,10 +280,8 @@ class Steps:
   def critic_values(self, critic_params: Any, batch: dict) -> jax.Array:
     """V(state before response token t), `[B, T]` float32."""
     critic = nnx.merge(self.critic_graphdef, critic_params)
-    t = batch['response_mask'].shape[1]
-    p = batch['tokens'].shape[1] - t
     v = critic(batch['tokens'], segment_ids=batch['segment_ids'])
-    return v[:, p - 1 : p - 1 + t]
+    return at_response(v, batch)
 
   def _chunks(self) -> int:
     t = self.run.train
@@ -443,13 +464,6 @@ class Steps:
             metrics[k] = metrics[k] / denom
     return grads, cgrads, metrics
 
-  def _apply(self, tx, grads, opt_state, params, shardings):
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    if shardings is not None:
-      params = jax.lax.with_sharding_constraint(params, shardings)
-    return params, opt_state
-
   def _update(self, state: TrainState, arrays: dict):
     self.traces['update'] += 1
     run = self.run
@@ -475,7 +489,7 @@ class Steps:
       )
       metrics['actor/grad_norm'] = optax.tree.norm(grads)
       metrics['actor/lr'] = self.schedule(state.updates)
-      params, opt_state = self._apply(
+      params, opt_state = apply_updates(
         self.tx,
         grads,
         state.opt_state,
@@ -487,7 +501,7 @@ class Steps:
       )
       if run.critic.enabled:
         metrics['critic/grad_norm'] = optax.tree.norm(cgrads)
-        cparams, copt = self._apply(
+        cparams, copt = apply_updates(
           self.critic_tx,
           cgrads,
           state.critic_opt_state,
@@ -548,8 +562,7 @@ class SFTStep:
       params, batch
     )
     metrics['sft/grad_norm'] = optax.tree.norm(grads)
-    updates, opt_state = self.tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    if self.param_shardings is not None:
-      params = jax.lax.with_sharding_constraint(params, self.param_shardings)
+    params, opt_state = apply_updates(
+      self.tx, grads, opt_state, params, self.param_shardings
+    )
     return params, opt_state, metrics
