@@ -1,12 +1,12 @@
 """The `algorithm` config section: advantages and KL in reward.
 
-Spec `advantages.md` §2, §7, §8. `configs/base.py` assigns
+`docs/math/advantages.md` §2, §7, §8. `configs/base.py` assigns
 `config.algorithm = algorithm_section()`; `jaxcorr.algorithm_config.build`
 turns it into the frozen `AlgorithmConfig` at start-up and validates every
 field there (a `ValueError` naming `config.algorithm.<field>`, the value and
 the allowed values).
 
-Recipes (advantages.md §5)::
+Recipes (docs/math/advantages.md §5)::
 
   GRPO       --config.algorithm.estimator=grpo
   Dr.GRPO    --config.algorithm.estimator=grpo
@@ -25,7 +25,8 @@ import ml_collections
 
 
 def kl_in_reward_section() -> ml_collections.ConfigDict:
-  """`KLControlConfig` fields plus `enabled` (verl defaults, §8)."""
+  """`KLControlConfig` fields plus `enabled` (verl defaults,
+  docs/math/advantages.md §8)."""
   k = ml_collections.ConfigDict()
   # False: no KL in reward (AlgorithmConfig.kl_in_reward is None).
   k.enabled = False
@@ -56,7 +57,7 @@ def algorithm_section() -> ml_collections.ConfigDict:
   # ε >= 0 added to the group std (grpo, grpo_passk) or mean (maxrl).
   a.eps = 1e-6
   # KL-in-reward estimator: kl (k1), abs, mse (k2), low_var_kl (k3), or any
-  # of them with a trailing + (losses.md §3).
+  # of them with a trailing + (docs/math/losses.md §3).
   a.kl_penalty = 'kl'
   # KL in reward and its controller; enabled=False turns it off.
   a.kl_in_reward = kl_in_reward_section()

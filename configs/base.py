@@ -9,13 +9,13 @@ Usage::
 
 Sections:
 
-* `correction`: every `CorrectionConfig` field (spec correction.md §3) plus
+* `correction`: every `CorrectionConfig` field (docs/math/correction.md §3) plus
   `enabled`. `enabled=False` turns the whole correction off
   (`CorrectionConfig | None` is None): no correction runs, no diagnostic is
   logged and no rollout log-prob is needed. This is different from the
   `disabled` preset, which changes nothing in the update but still computes
   every diagnostic, and therefore needs rollout log-probs.
-* `actor`: every `ActorLossConfig` field (losses.md §4.4 and §5).
+* `actor`: every `ActorLossConfig` field (docs/math/losses.md §4.4 and §5).
 * `algorithm`: advantages and KL in reward (`configs/algorithm.py`).
 * `model`, `data`, `rollout`, `reward`, `train`, `optim`, `critic`, `mesh`:
   the trainer (`configs/trainer.py`, docs/training.md).
@@ -58,7 +58,8 @@ from configs.algorithm import algorithm_section
 
 
 def correction_section() -> ml_collections.ConfigDict:
-  """`CorrectionConfig` fields, at the library defaults (correction.md §3)."""
+  """`CorrectionConfig` fields, at the library defaults
+  (docs/math/correction.md §3)."""
   c = ml_collections.ConfigDict()
   # False: no correction at all (corr_cfg=None, rollout log-probs not needed).
   c.enabled = True
@@ -89,11 +90,12 @@ def correction_section() -> ml_collections.ConfigDict:
 
 
 def actor_section() -> ml_collections.ConfigDict:
-  """`ActorLossConfig` fields, at the library defaults (losses.md §4.4, §5)."""
+  """`ActorLossConfig` fields, at the library defaults
+  (docs/math/losses.md §4.4, §5)."""
   a = ml_collections.ConfigDict()
-  # Policy loss (losses.md §4.2): vanilla, gspo, gspo_seq, sapo, gpg, cispo,
-  # clip_cov, kl_cov, geo_mean, dro, dppo_tv, dppo_kl, reinforce, rollout_is,
-  # prime.
+  # Policy loss (docs/math/losses.md §4.2): vanilla, gspo, gspo_seq, sapo, gpg,
+  # cispo, clip_cov, kl_cov, geo_mean, dro, dppo_tv, dppo_kl, reinforce,
+  # rollout_is, prime.
   a.policy_loss = 'vanilla'
   # Aggregation: token_mean, token_sum, seq_mean_token_sum,
   # seq_mean_token_mean, seq_mean_token_sum_norm (or verl's hyphenated form);
@@ -149,7 +151,7 @@ def actor_section() -> ml_collections.ConfigDict:
   a.kl_loss_type = 'low_var_kl'
   # Reference-KL coefficient (>= 0); 0 turns the term off.
   a.kl_loss_coef = 0.0
-  # Rollout-KL estimator; k2 is ½(log π_θ − log μ)² (losses.md §6).
+  # Rollout-KL estimator; k2 is ½(log π_θ − log μ)² (docs/math/losses.md §6).
   a.rollout_kl_type = 'k2'
   # Rollout-KL coefficient (>= 0); 0 turns the term off.
   a.rollout_kl_coef = 0.0

@@ -1,4 +1,4 @@
-"""Rollout-correction presets (spec correction.md §6), defined once, here.
+"""Rollout-correction presets (docs/math/correction.md §6), defined once, here.
 
 A preset is a set of overrides of existing config fields, written as dotted
 paths (`'correction.is_level'`). It never adds a key: `apply_preset` raises

@@ -87,12 +87,14 @@ def rollout_section() -> ml_collections.ConfigDict:
   # Longest prompt in tokens (longer prompts are an error) and response cap.
   r.max_prompt_length = 32
   r.max_new_tokens = 16
-  # Sampling; the trainer scores with the same temperature (contract §1).
+  # Sampling; the trainer scores with the same temperature
+  # (docs/math/rollout_contract.md §1).
   r.temperature = 1.0
   r.top_k = 0
   r.top_p = 1.0
   r.min_p = 0.0
-  # μ for the correction: 'full' (verl) or 'truncated' (contract §2).
+  # μ for the correction: 'full' (verl) or 'truncated'
+  # (docs/math/rollout_contract.md §2).
   r.logprob_mode = 'full'
   # Engine decode slots.
   r.max_concurrent_decodes = 64
@@ -110,8 +112,9 @@ def rollout_section() -> ml_collections.ConfigDict:
   r.rollout_devices = 0
   # async: batches waiting in the queue.
   r.queue_size = 1
-  # Rows older than this many policy versions are dropped (contract §6);
-  # async mode also never samples further ahead. None: unlimited (sync).
+  # Rows older than this many policy versions are dropped
+  # (docs/math/rollout_contract.md §6); async mode also never samples further
+  # ahead. None: unlimited (sync).
   r.max_staleness = config_dict.placeholder(int)
   # Non-finite rollout log-probs go to the in-graph rejection (True) or fail
   # host validation (False).

@@ -14,7 +14,7 @@ value and the allowed values:
 
 `check_startup` adds the checks that need the batch geometry: `grpo_passk`
 needs at least 2 samples per prompt, and the adaptive controller needs
-`0.2·batch_size/horizon < 1` (spec §4, §8).
+`0.2·batch_size/horizon < 1` (docs/math/advantages.md §4, §8).
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ array values is checked there, so a bad flag fails before any compilation
 (D7), with a `ValueError` that names the config field, the value and the
 allowed values:
 
-* every `CorrectionConfig` rule (correction.md §3): an RS criterion without
-  bounds, a k2/k3 bound written as `'lo_up'`, a legacy RS name, ...;
+* every `CorrectionConfig` rule (docs/math/correction.md §3): an RS criterion
+  without bounds, a k2/k3 bound written as `'lo_up'`, a legacy RS name, ...;
 * every `ActorLossConfig` rule: an unknown loss, aggregation mode, KL
   estimator or knob value;
 * the combination checks of `objective.check_compatible`: a policy loss not

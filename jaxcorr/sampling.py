@@ -1,4 +1,4 @@
-"""The shared temperature and truncation rule (`spec/rollout_contract.md`
+"""The shared temperature and truncation rule (`docs/math/rollout_contract.md`
 §1-§2): one definition for the rollout engine and the trainer.
 
     q = softmax(z / τ)                       fp32, full vocabulary
@@ -37,7 +37,7 @@ def support(
   top_p: float | jax.Array = 1.0,
   min_p: float | jax.Array = 0.0,
 ) -> jax.Array:
-  """The kept set K of §2 as a mask [..., V] bool.
+  """The kept set K of docs/math/rollout_contract.md §2 as a mask [..., V] bool.
 
   Args:
     logits: [..., V] raw logits (any float dtype; cast to fp32).

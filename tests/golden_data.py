@@ -1,7 +1,7 @@
 """Reads the golden vectors copied into `tests/golden/<framework>/`.
 
 Each framework folder holds `index.json` (cases) and `golden.npz` (arrays),
-in the `jaxcorr-golden/1` format described in `shared/golden/README.md`. The
+in the `jaxcorr-golden/1` format described in docs/math/README.md §6. The
 data was produced by running verl, SkyRL, slime and prime-rl; this module only
 decodes it (numpy + json).
 

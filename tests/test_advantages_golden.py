@@ -71,12 +71,14 @@ def _run(estimator, rewards, mask, ids=None, **kw):
 VERL_ALIASES = {'grpo_vectorized': 'grpo', 'rloo_vectorized': 'rloo'}
 VERL_OUT_OF_SCOPE = {
   'optimal_token_baseline': (
-    'verl optimal_token_baseline is not an estimator of spec advantages.md '
-    '§4 (it needs the model-side sum_pi_squared per token)'
+    'verl optimal_token_baseline is not an estimator of '
+    'docs/math/advantages.md §4 (it needs the model-side sum_pi_squared per '
+    'token)'
   ),
   'tir_optimal_token_baseline': (
-    'verl tir_optimal_token_baseline is not an estimator of spec '
-    'advantages.md §4 (it needs the model-side sum_pi_squared per token)'
+    'verl tir_optimal_token_baseline is not an estimator of '
+    'docs/math/advantages.md §4 (it needs the model-side sum_pi_squared per '
+    'token)'
   ),
 }
 
@@ -265,7 +267,7 @@ def _rows(items, t) -> np.ndarray:
 SLIME_SKIP = {
   'adv/grpo_opd': (
     "slime's on-policy distillation term (use_opd, teacher log-probs) is not "
-    'part of spec advantages.md'
+    'part of docs/math/advantages.md'
   ),
 }
 SLIME_HOLE_RECURSION = {
@@ -471,15 +473,16 @@ def test_slime_bug2114_raw_kl_is_kept(case):
 
 PRIME_SKIP = {
   'head/advantage/grpo_length_penalty': (
-    "prime-rl's optional length penalty is out of scope (spec §4)"
+    "prime-rl's optional length penalty is out of scope "
+    '(docs/math/advantages.md §4)'
   ),
   'head/advantage/rae': (
     "prime-rl's RAE baseline is stateful across calls (final_baselines); "
-    'not an estimator of spec advantages.md §4'
+    'not an estimator of docs/math/advantages.md §4'
   ),
   'head/advantage/hierarchical_grpo': (
     "prime-rl's hierarchical (proposer/solver) GRPO is not an estimator of "
-    'spec advantages.md §4'
+    'docs/math/advantages.md §4'
   ),
 }
 
@@ -733,7 +736,8 @@ def test_slime_recursion_over_tool_hole(case_id):
 
 
 def test_slime_rf_baseline_is_not_verls():
-  """slime's reinforce_plus_plus_baseline ≠ jaxcorr's (verl's, spec §4).
+  """slime's reinforce_plus_plus_baseline ≠ jaxcorr's (verl's,
+  docs/math/advantages.md §4).
 
   verl whitens the group-centred *sequence* score `(s_i − μ_g)·m` (the KL
   shaping summed into s_i); slime whitens `(r_i − μ_g) − β·kl_t` per token.

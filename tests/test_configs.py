@@ -23,7 +23,7 @@ GEO = dict(rs=('seq_mean_k1',), rs_bounds=((0.999, 1.001),))
 K3 = dict(rs=('seq_mean_k3',), rs_bounds=((None, 0.01),))
 PG = dict(mode='bypass', bypass_loss='reinforce')
 
-# correction.md §6, transcribed independently of presets.py:
+# docs/math/correction.md §6, transcribed independently of presets.py:
 # name -> (CorrectionConfig, ActorLossConfig overrides).
 TABLE = {
   'disabled': (C(), {}),

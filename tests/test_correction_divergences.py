@@ -1,4 +1,4 @@
-"""The deliberate divergences of the correction (spec correction.md §7).
+"""The deliberate divergences of the correction (docs/math/correction.md §7).
 
 One test per divergence that concerns `rollout_correction` (D1, D2, D3, D4,
 D8, D14, D16, D17), each on the reference's own golden inputs. The expected
@@ -424,7 +424,8 @@ def test_d7_every_verl_config_error_is_raised_at_build_time():
     if err['type'] != 'ValueError' or data_error:
       continue  # array errors (all-zero mask: D2; shapes: trace time)
     if case['id'] == 'error/is/geometric/2.0/main':
-      continue  # jaxcorr supports slime's geometric level (spec §4.3)
+      # jaxcorr supports slime's geometric level (docs/math/correction.md §4.3)
+      continue
     with pytest.raises(ValueError) as info:
       corr.CorrectionConfig(**call.cfg)
     fields = corr.CorrectionConfig.__dataclass_fields__

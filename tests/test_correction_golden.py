@@ -158,7 +158,7 @@ VERL_DIVERGES = {
   'error/all_zero_mask/main': ('D2', False),
   'all_rejected/offpolicy_metrics/main': ('D2/D14', False),
   'error/is/geometric/2.0/main': (
-    'geometric IS level (slime), spec §4.3',
+    'geometric IS level (slime), docs/math/correction.md §4.3',
     False,
   ),
   'is/token/icepop_s:1.0_1.0/bn_0/main': ('D3', False),
@@ -186,8 +186,9 @@ def classify(fw: str, case: dict) -> tuple[str, str]:
       return 'legacy', 'masks, weights, shared-semantics metrics'
     kw = case.get('kwargs', {})
     rs, bounds = kw.get('rollout_rs'), kw.get('rollout_rs_threshold')
-    # Presets are compared directly (spec §9); their 0.999_1.001 band is
-    # asymmetric by 1e-6 but no statistic of the batch falls in between.
+    # Presets are compared directly (docs/math/correction.md §9); their
+    # 0.999_1.001 band is asymmetric by 1e-6 but no statistic of the batch falls
+    # in between.
     if case['group'] != 'preset' and gm.verl_asymmetric_k1(rs, bounds):
       return 'D1', 'k1 band mirrored onto ρ'
     return 'parity', case['group']
@@ -391,7 +392,8 @@ def _check_slime(gs, case: dict) -> str:
   ref_mask = gm.slime_rows(gs, outs['modified_masks']) > 0
   if call.cfg.get('is_mode') == 'mask':
     # slime zeroes the mask of out-of-band tokens and keeps the raw weight;
-    # jaxcorr (verl) keeps the token and zeroes its weight (spec §4.3).
+    # jaxcorr (verl) keeps the token and zeroes its weight
+    # (docs/math/correction.md §4.3).
     _check_mask(om & (ow > 0), ref_mask)
   else:
     _check_mask(om, ref_mask)

@@ -1,5 +1,5 @@
 """Properties, invariances, JAX contract and config validation of the rollout
-correction (spec correction.md §3, §8, §9).
+correction (docs/math/correction.md §3, §8, §9).
 
 Compilation is the cost on CPU, so shape-varying checks use four fixed
 configurations (together: every IS level and mode, all 11 RS criteria, both
@@ -680,8 +680,9 @@ def test_config_is_hashable_and_frozen():
 
 
 def test_new_metrics_match_hand_derivation():
-  """The metrics that no reference has (marked "new" in spec §5), derived
-  in float64 on the verl batch with an empty row and two non-finite rows."""
+  """The metrics that no reference has (marked "new" in
+  docs/math/correction.md §5), derived in float64 on the verl batch with an
+  empty row and two non-finite rows."""
   import correction_golden_map as gm
 
   d = gm.load('verl').dataset()

@@ -364,8 +364,9 @@ def test_matmul_precision_field_is_accepted():
 
 
 def test_padded_vocab_columns_are_minus_inf_for_trainer_and_entropy():
-  """Rollout contract §1: logit columns past the tokenizer's real vocabulary
-  are -inf, so log-probs and entropy are those of the real-token softmax."""
+  """docs/math/rollout_contract.md §1: logit columns past the tokenizer's real
+  vocabulary are -inf, so log-probs and entropy are those of the real-token
+  softmax."""
   real = VOCAB - 28
   model = random_model(tiny_config(real_vocab_size=real), seed=3)
   full = random_model(tiny_config(), seed=3)  # same weights, no masking

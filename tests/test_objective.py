@@ -711,7 +711,8 @@ def test_slime_e2e(case):
     _close(met['actor/kl_loss'], out['reported/kl_loss'])
   if short != 'mis_geometric_mask':
     # slime's mask mode removes out-of-band tokens from the mask, so they
-    # leave its entropy; jaxcorr keeps them there (verl, correction.md §4.3).
+    # leave its entropy; jaxcorr keeps them there (verl,
+    # docs/math/correction.md §4.3).
     _close(met['actor/entropy'], out['reported/entropy_loss'], rtol=2e-6)
 
 
@@ -821,7 +822,8 @@ def test_prime_compute_loss(case):
 
 @pytest.mark.golden('prime')
 def test_prime_kl_tau_is_rollout_kl():
-  """§6: `prime` with τ_KL = 0 plus `+rollout_kl` (k2, 2e-3) == prime-rl."""
+  """docs/math/losses.md §6: `prime` with τ_KL = 0 plus `+rollout_kl` (k2, 2e-3)
+  == prime-rl."""
   case = PRIME.case('head/compute_loss/default/rl_only')
   _, lp, ro, adv, mask = _prime_inputs(case)
   actor, cc = _preset('prime_dppo_kl+rollout_kl')

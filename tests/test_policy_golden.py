@@ -7,7 +7,7 @@ arguments to `policy_loss` are spelled out next to each framework; cases that
 jaxcorr does not reproduce on purpose are skipped with the reason, and the
 divergences D9 and D12 have their own tests that assert jaxcorr's own value.
 
-Tolerances (shared/golden/README.md, "dtypes and tolerances"): rtol = atol =
+Tolerances (docs/math/README.md §6): rtol = atol =
 1e-6 in float32; for sums (token_sum, seq_mean_token_sum, the SkyRL, slime and
 prime-rl sums) the atol is scaled by the same aggregation of |ℓ|.
 """
@@ -228,7 +228,8 @@ def test_verl_policy_loss(case):
 
 
 def _np_aggregate(ell, mask, mode):
-  """Independent numpy aggregation (losses.md §2), for the divergence tests."""
+  """Independent numpy aggregation (docs/math/losses.md §2), for the divergence
+  tests."""
   ell = np.where(mask, ell, 0.0).astype(np.float64)
   n = mask.sum(-1)
   rows = ell.sum(-1)
@@ -244,7 +245,7 @@ def _np_aggregate(ell, mask, mode):
 
 
 def _np_per_token(name, logp, old, adv, mask, w, k):
-  """numpy oracles of gspo / sapo / geo_mean (losses.md §4.3)."""
+  """numpy oracles of gspo / sapo / geo_mean (docs/math/losses.md §4.3)."""
   d = np.where(mask, logp - old, 0.0)
   n = np.maximum(mask.sum(-1), 1)
   if name == 'gspo':
@@ -344,9 +345,10 @@ def test_d12_geo_mean_averages_over_non_empty_rows(weighted):
 # Loss names: regular → vanilla with clip_ratio_c=None; dual_clip → vanilla;
 # gspo, sapo, cispo (cispo_anchor='rollout' → old_logp := μ), clip_cov,
 # kl_cov, rollout_is as named; dppo binary_tv → prime with prime_kl_tau=0
-# (μ-anchored, losses.md §4.3); dppo binary_kl → dppo_kl with old_logp := μ
-# and no cap (same gradient, different surrogate value); importance_sampling
-# → vanilla without clipping (−A·ρ); cross_entropy → gpg with A ≡ 1 (−logp).
+# (μ-anchored, docs/math/losses.md §4.3); dppo binary_kl → dppo_kl with old_logp
+# := μ and no cap (same gradient, different surrogate value);
+# importance_sampling → vanilla without clipping (−A·ρ); cross_entropy → gpg
+# with A ≡ 1 (−logp).
 
 SKYRL_MODES = {
   'token_mean': 'token_mean',
@@ -477,7 +479,8 @@ def test_skyrl_policy_loss(case):
       )
     if not policy.USES_IS_WEIGHTS[a['name']]:
       # SkyRL multiplies TIS weights into a loss that already divides by μ,
-      # correcting twice; jaxcorr refuses that combination (spec §4.2).
+      # correcting twice; jaxcorr refuses that combination
+      # (docs/math/losses.md §4.2).
       a['w'] = np.ones_like(a['logp'])
       with pytest.raises(ValueError, match='is_weights'):
         _skyrl_loss(a, a['adv'], 'token_sum', rollout=a['rollout'])
@@ -686,7 +689,8 @@ def test_prime_default_loss(case):
   if 'loss_weights' in kw:
     pytest.skip(
       'prime-rl loss_weights multiply the per-token loss; jaxcorr prime '
-      'takes no per-token weights (is_weights is an error for it, §4.2)'
+      'takes no per-token weights (is_weights is an error for it, '
+      'docs/math/losses.md §4.2)'
     )
   logp = unpack(kw['trainer_logprobs'])
   roll = unpack(kw['inference_logprobs'])

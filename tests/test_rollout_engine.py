@@ -75,8 +75,9 @@ def test_greedy_equals_stepwise_argmax_of_the_full_forward(engine, model):
   [(1.0, 0, 1.0), (0.6, 5, 1.0), (1.7, 0, 0.9), (0.6, 5, 0.9)],
 )
 def test_logprobs_match_the_trainer(engine, model, temperature, top_k, top_p):
-  """§8 test 1 through the real engine: full values == token_logprobs,
-  truncated values == the shared rule applied to the trainer's logits."""
+  """docs/math/rollout_contract.md §8 test 1 through the real engine: full
+  values == token_logprobs, truncated values == the shared rule applied to the
+  trainer's logits."""
   batch = driver.generate(
     engine,
     PROMPTS,
@@ -296,8 +297,9 @@ def test_bf16_engine_differs_measurably_but_slightly(engine, model):
 
 
 def test_padded_vocab_is_never_sampled_and_logprobs_still_match():
-  """Contract §1 end to end: with a padded embedding, the engine samples
-  only real tokens and its log-probs equal the trainer's masked ones."""
+  """docs/math/rollout_contract.md §1 end to end: with a padded embedding, the
+  engine samples only real tokens and its log-probs equal the trainer's masked
+  ones."""
   real = 64  # of 128 columns: half the vocabulary is padding
   model = random_model(tiny_config(real_vocab_size=real), seed=5)
   engine = PolicyEngine(

@@ -1,5 +1,5 @@
-"""`validate_rollout_batch` (rollout_contract.md §7): a well-formed batch
-passes; each broken rule raises a ValueError naming the field and rows."""
+"""`validate_rollout_batch` (docs/math/rollout_contract.md §7): a well-formed
+batch passes; each broken rule raises a ValueError naming the field and rows."""
 
 import dataclasses
 

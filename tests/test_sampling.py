@@ -1,6 +1,6 @@
-"""`jaxcorr.sampling`: the truncation rule of rollout_contract.md §2, the
-two log-probs, and that the sampler draws from exactly the distribution
-whose log-probs it reports (§8 test 3)."""
+"""`jaxcorr.sampling`: the truncation rule of docs/math/rollout_contract.md §2,
+the two log-probs, and that the sampler draws from exactly the distribution
+whose log-probs it reports (docs/math/rollout_contract.md §8 test 3)."""
 
 import jax
 import jax.numpy as jnp
@@ -87,7 +87,8 @@ def test_logprob_definitions(temperature):
   log_z = np.log(np.where(keep, np.exp(ref), 0).sum(-1))
   np.testing.assert_allclose(trunc, ref_full - log_z, atol=1e-5)
   assert bool((trunc >= full - 1e-6).all())
-  # The τ = 1 value is a different number (mutation of §8 test 2).
+  # The τ = 1 value is a different number (mutation of
+  # docs/math/rollout_contract.md §8 test 2).
   if temperature != 1.0:
     assert not np.allclose(
       sampling.token_logprobs(logits, tokens, 1.0)[0], full
@@ -118,7 +119,8 @@ def test_a_rows_draw_does_not_depend_on_its_neighbours():
 def test_empirical_frequencies_match_the_reported_logprobs(
   top_k, top_p, temperature
 ):
-  """§8 test 3: 10^5 draws at one context, chi-square p > 0.001."""
+  """docs/math/rollout_contract.md §8 test 3: 10^5 draws at one context,
+  chi-square p > 0.001."""
   n, v = 100_000, 12
   logits = jax.random.normal(jax.random.PRNGKey(5), (v,)) * 1.5
   tok, _, trunc = sample(

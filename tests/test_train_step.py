@@ -125,7 +125,8 @@ def _one_device_mesh():
   'preset', ['decoupled_seq_is_rs', 'bypass_ppo_clip_geo_rs', 'bypass_pg_is']
 )
 def test_padding_rows_change_nothing(preset):
-  """8 real rows vs the same rows + 8 PAD rows (contract §5 regression)."""
+  """8 real rows vs the same rows + 8 PAD rows (docs/math/rollout_contract.md §5
+  regression)."""
   run = _run(preset)
   mesh = _one_device_mesh()
   plain = _arrays(run, 1)

@@ -1,4 +1,5 @@
-"""Advantage estimators (spec advantages.md §2–§4): registry and group math.
+"""Advantage estimators (docs/math/advantages.md §2–§4): registry and group
+math.
 
 `compute_advantages(estimator, token_rewards, mask, group_ids, ...)` returns
 `(advantages, returns)`, both float `[B, T]`, exactly 0 outside `mask` (D13)
@@ -84,7 +85,8 @@ def _unit_interval(field: str, value: Any) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class AdvantageConfig:
-  """Which estimator and its knobs (spec §2); frozen, hashable, validated.
+  """Which estimator and its knobs (docs/math/advantages.md §2); frozen,
+  hashable, validated.
 
   Attributes:
     estimator: one of `ESTIMATORS`; `'grpo'` (the SkyRL and slime default;
@@ -181,7 +183,8 @@ def _gmin(x: jax.Array, ids: jax.Array) -> jax.Array:
 
 
 def group_stats(rewards: jax.Array, mask: jax.Array, ids: jax.Array) -> Groups:
-  """`s`, `v`, `c_g`, `μ_g`, `σ_g` (spec §3) with segment sums.
+  """`s`, `v`, `c_g`, `μ_g`, `σ_g` (docs/math/advantages.md §3) with segment
+  sums.
 
   Args:
     rewards: float `[B, T]`, 0 outside `mask`.
@@ -335,7 +338,7 @@ def compute_advantages(
   reward_baselines: jax.Array | None = None,
   eps: float | jax.Array = 1e-6,
 ) -> tuple[jax.Array, jax.Array]:
-  """Advantages and returns of one batch (spec advantages.md §2).
+  """Advantages and returns of one batch (docs/math/advantages.md §2).
 
   Runs once per step on the global batch, after reward placement and KL in
   reward, with the response mask *before* rejection (D15): a rejected

@@ -1,4 +1,4 @@
-"""Recursions over time and batch whitening (spec advantages.md §3, §4).
+"""Recursions over time and batch whitening (docs/math/advantages.md §3, §4).
 
 The token-level estimators of `jaxcorr.losses.advantages` live here:
 

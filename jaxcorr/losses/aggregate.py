@@ -1,4 +1,5 @@
-"""Loss aggregation: per-token values `[B, T]` to one scalar (spec losses.md §2).
+"""Loss aggregation: per-token values `[B, T]` to one scalar
+(docs/math/losses.md §2).
 
 With L the sanitised per-token values, m the mask, `n_i = Σ_t m` and
 `v_i = [n_i > 0]`:

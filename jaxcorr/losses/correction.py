@@ -1,7 +1,7 @@
 """Rollout correction: IS weights, rejection, veto, diagnostics.
 
-Spec `correction.md` §3–§5. The rollout engine sampled the tokens from μ; the
-trainer's policy is π_train (`old_logp` in decoupled mode, `sg(logp)` in
+`docs/math/correction.md` §3–§5. The rollout engine sampled the tokens from μ;
+the trainer's policy is π_train (`old_logp` in decoupled mode, `sg(logp)` in
 bypass mode). With `r = log π_train − log μ` (so `ρ = exp(r)`):
 
 * **IS** (`is_level`): token `exp(r̂_t)`, sequence `exp(clip(S_i, ±20))` or
@@ -130,7 +130,8 @@ def bound_is_weights(
 def batch_normalize(
   w: jax.Array, m: jax.Array, valid: jax.Array, token_level: bool
 ) -> tuple[jax.Array, jax.Array]:
-  """Rescales `[B, T]` weights to mean 1 (§4.4); returns `(w, factor)`.
+  """Rescales `[B, T]` weights to mean 1 (docs/math/correction.md §4.4); returns
+  `(w, factor)`.
 
   `μ = mmean(w)` (token level) or `vmean(rmean(w))` (sequence, geometric),
   on the statistics mask. If `μ > 1e-8`: `w/μ` and factor μ; else w and 1.
@@ -292,7 +293,8 @@ def rollout_correction(
   mask: jax.Array,
   cfg: CorrectionConfig,
 ) -> Correction:
-  """IS weights, rejection mask and diagnostics for one batch (spec §4).
+  """IS weights, rejection mask and diagnostics for one batch
+  (docs/math/correction.md §4).
 
   Args:
     train_logp: float `[B, T]`: `old_logp` (decoupled) or `sg(logp)`
@@ -318,7 +320,8 @@ def rollout_correction(
   rollout_logp = jax.lax.stop_gradient(mk.as_float(rollout_logp, dtype))
   m0 = jnp.asarray(mask)
 
-  # §4.2: a non-finite value at a valid token rejects its whole row.
+  # docs/math/correction.md §4.2: a non-finite value at a valid token rejects
+  # its whole row.
   nonfinite_train = mk.row_count(m0 & ~jnp.isfinite(train_logp), dtype)
   nonfinite_rollout = mk.row_count(m0 & ~jnp.isfinite(rollout_logp), dtype)
   bad_row = (nonfinite_train + nonfinite_rollout) > 0

@@ -1,4 +1,5 @@
-"""`CorrectionConfig`: the rollout-correction settings (spec correction.md §3).
+"""`CorrectionConfig`: the rollout-correction settings
+(docs/math/correction.md §3).
 
 A frozen, hashable dataclass (a static jit argument) validated on
 construction. It stores a canonical form: `rs` a tuple of criterion names,
@@ -177,7 +178,8 @@ def _parse_rs_bounds(rs: tuple[str, ...], value: Any) -> tuple:
 
 @dataclasses.dataclass(frozen=True)
 class CorrectionConfig:
-  """Rollout-correction settings (spec §3); frozen, hashable, validated.
+  """Rollout-correction settings (docs/math/correction.md §3); frozen, hashable,
+  validated.
 
   `rs` is stored as a tuple of criterion names and `rs_bounds` as one
   `(lo, up)` pair per criterion (`lo=None` for k2/k3). verl's strings

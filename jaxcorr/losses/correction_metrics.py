@@ -1,4 +1,4 @@
-"""Diagnostics of the rollout correction (spec correction.md §5).
+"""Diagnostics of the rollout correction (docs/math/correction.md §5).
 
 Every function here returns a dict of scalars *without* the `rollout_corr/`
 prefix; `correction.rollout_correction` adds it. All statistics use the

@@ -1,4 +1,4 @@
-"""KL estimators between two per-token log-probs (spec losses.md §3).
+"""KL estimators between two per-token log-probs (docs/math/losses.md §3).
 
 With `d = logp − ref_logp`:
 

@@ -1,7 +1,7 @@
 """Masked reductions, safe division and input checks shared by every loss.
 
-Every loss in `jaxcorr.losses` follows the same numerical rules (spec
-`README.md` conventions and `losses.md` §1):
+Every loss in `jaxcorr.losses` follows the same numerical rules
+(`docs/math/README.md` §2 and `docs/math/losses.md` §1):
 
 * inputs are *sanitised* before any arithmetic, `where(mask, x, 0)`, so NaN or
   ±inf stored in padding never reaches a value or a gradient ("double where");

@@ -1,8 +1,9 @@
-"""The actor objective: policy loss + entropy + ref-KL + rollout-KL (losses.md §5).
+"""The actor objective: policy loss + entropy + ref-KL + rollout-KL
+(docs/math/losses.md §5).
 
 `actor_objective` builds the scalar the actor minimises on one mini-batch (or
 one micro-batch, with global normalisers). Which log-prob plays which role
-depends on the correction config (correction.md §2), all of it static:
+depends on the correction config (docs/math/correction.md §2), all of it static:
 
 =================  ===============================  ==========  ============
 corr_cfg           mask m                           old_logp    IS weights w
@@ -34,23 +35,23 @@ arrays are global, so a single call on the mini-batch needs none of them.
   gradients then sum to the mini-batch ones.
 * Bypass mode with rejection (RS or veto): the mask depends on π_θ, so it is
   only known after each micro-batch's forward pass. Use the `aggregate_terms`
-  recipe (losses.md §2): accumulate numerators and counts, divide once at the
-  end. With `actor_objective` this is done with *unit normalisers*: call it
-  with `num_tokens=1, num_seqs=1`; every aggregated term is then its
-  numerator, exactly what `aggregate_terms` returns, and the count of the
-  same micro-batch is `metrics['actor/loss_token_count']` (token modes) or
-  `metrics['actor/loss_seq_count']` (seq modes), taken on the corrected mask
-  and without gradient. Sum the unit-normalised losses, their gradients and
-  the counts over the micro-batches, then divide the loss and the gradient
-  by the summed count (`aggregate.finalize`). Because the count carries no
-  gradient, this equals the mini-batch call exactly.
-  This needs every active term to share one divisor; `normalizer_kind(cfg)`
-  says which (`'tokens'`, `'seqs'` or `'none'` for token_sum). It returns
-  `'mixed'` only when `cfg.agg` is None, the policy loss's natural mode is a
-  seq mode (gspo, gspo_seq, sapo, geo_mean) and an entropy or KL term is on;
-  then set `agg` explicitly or keep one gradient accumulator per divisor.
-  Bypass statistics that are batch-level by design (batch normalisation,
-  metrics) cover one call, as in verl (correction.md §2).
+  recipe (docs/math/losses.md §2): accumulate numerators and counts, divide once
+  at the end. With `actor_objective` this is done with *unit normalisers*: call
+  it with `num_tokens=1, num_seqs=1`; every aggregated term is then its
+  numerator, exactly what `aggregate_terms` returns, and the count of the same
+  micro-batch is `metrics['actor/loss_token_count']` (token modes) or
+  `metrics['actor/loss_seq_count']` (seq modes), taken on the corrected mask and
+  without gradient. Sum the unit-normalised losses, their gradients and the
+  counts over the micro-batches, then divide the loss and the gradient by the
+  summed count (`aggregate.finalize`). Because the count carries no gradient,
+  this equals the mini-batch call exactly. This needs every active term to share
+  one divisor; `normalizer_kind(cfg)` says which (`'tokens'`, `'seqs'` or
+  `'none'` for token_sum). It returns `'mixed'` only when `cfg.agg` is None, the
+  policy loss's natural mode is a seq mode (gspo, gspo_seq, sapo, geo_mean) and
+  an entropy or KL term is on; then set `agg` explicitly or keep one gradient
+  accumulator per divisor. Bypass statistics that are batch-level by design
+  (batch normalisation, metrics) cover one call, as in verl
+  (docs/math/correction.md §2).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _check_coef(name: str, value: Any, *, nonneg: bool) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ActorLossConfig:
-  """Static configuration of the actor objective (losses.md §5).
+  """Static configuration of the actor objective (docs/math/losses.md §5).
 
   Hashable, so it can be a static jit argument. Validated when built: the
   loss name, `agg` (stored canonical, `token-mean` -> `token_mean`), every
@@ -90,7 +91,8 @@ class ActorLossConfig:
 
   policy_loss: str = 'vanilla'
   agg: str | None = None
-  # Policy-loss knobs (losses.md §4.4); None means "fall back" as documented.
+  # Policy-loss knobs (docs/math/losses.md §4.4); None means "fall back" as
+  # documented.
   clip_ratio_low: float = 0.2
   clip_ratio_high: float = 0.2
   clip_ratio_c: float | None = 3.0
@@ -154,14 +156,15 @@ KNOB_FIELDS: tuple[str, ...] = tuple(
     'rollout_kl_coef',
   )
 )
-"""The `ActorLossConfig` fields that are policy-loss knobs (losses.md §4.4)."""
+"""The `ActorLossConfig` fields that are policy-loss knobs
+(docs/math/losses.md §4.4)."""
 
 
 # ------------------------------------------------------- combination checks
 
 
 def allowed_policy_losses(corr_cfg: corr_lib.CorrectionConfig | None) -> tuple:
-  """The policy losses allowed with `corr_cfg` (correction.md §2)."""
+  """The policy losses allowed with `corr_cfg` (docs/math/correction.md §2)."""
   names = tuple(sorted(policy_lib.LOSSES))
   if corr_cfg is None or corr_cfg.mode == 'decoupled':
     return names
@@ -182,7 +185,7 @@ def check_compatible(
 
   * the policy loss is not allowed in the correction's mode: bypass +
     `ppo_clip` takes any loss but `reinforce`, bypass + `reinforce` takes
-    only `reinforce`, decoupled takes any (correction.md §2);
+    only `reinforce`, decoupled takes any (docs/math/correction.md §2);
   * `rollout_is` or `prime` (which already divide by μ) meet an `is_level`;
   * rollout log-probs are needed but the engine does not report them: any
     correction config, a policy loss that reads `rollout_logp`, or a
@@ -299,7 +302,7 @@ def actor_objective(
   norm: float | jax.Array | None = None,
   key: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """The actor loss of one (mini- or micro-) batch (losses.md §5).
+  """The actor loss of one (mini- or micro-) batch (docs/math/losses.md §5).
 
   Args:
     cfg: the actor loss configuration (static).

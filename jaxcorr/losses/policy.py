@@ -1,4 +1,4 @@
-"""The policy-loss registry and its dispatcher (spec losses.md §4).
+"""The policy-loss registry and its dispatcher (docs/math/losses.md §4).
 
     loss, metrics = policy_loss('vanilla', logp, old_logp, advantages, mask)
 
@@ -124,7 +124,8 @@ KNOB_DEFAULTS: dict[str, object] = {
   'prime_adv_tau': 1.0,
   'prime_kl_tau': 1e-3,
 }
-"""Every knob of §4.4 with its default (verl's, prime-rl's for `prime_*`)."""
+"""Every knob of docs/math/losses.md §4.4 with its default (verl's, prime-rl's
+for `prime_*`)."""
 
 # knob -> (predicate on a number, None allowed, what is allowed)
 _Rule = tuple[Callable[[float], bool], bool, str]
@@ -162,7 +163,8 @@ _RULES: dict[str, _Rule] = {
   'prime_kl_tau': _GE0,
 }
 
-# Spellings of other frameworks (§4.4) -> the jaxcorr knob(s) to use.
+# Spellings of other frameworks (docs/math/losses.md §4.4) -> the jaxcorr
+# knob(s) to use.
 _FOREIGN = {
   'clip_ratio': 'clip_ratio_low and clip_ratio_high',
   'eps_clip': 'clip_ratio_low',
@@ -194,7 +196,8 @@ def _check_name(name: object) -> str:
 
 
 def check_knobs(knobs: Mapping[str, object], name: str | None = None) -> None:
-  """Validates policy-loss knobs (§4.4); raises ValueError on the first problem.
+  """Validates policy-loss knobs (docs/math/losses.md §4.4); raises ValueError
+  on the first problem.
 
   Args:
     knobs: knob name -> value; missing knobs take `KNOB_DEFAULTS`.

@@ -1,4 +1,4 @@
-"""Shared pieces of the policy losses (spec losses.md §4.1).
+"""Shared pieces of the policy losses (docs/math/losses.md §4.1).
 
 `LossInputs` carries the arrays of one `policy_loss` call after the dispatcher
 (`jaxcorr.losses.policy`) has checked, promoted and sanitised them: every float
@@ -10,9 +10,9 @@ Every per-loss function has the signature
 
     fn(x: LossInputs, k: Mapping[str, object]) -> (per_token, metrics)
 
-where `k` holds every knob of §4.4 (defaults filled in), `per_token` is the
-`[B, T]` loss ℓ *including* the IS weights, and `metrics` is a dict of scalar
-arrays under `actor/`. The dispatcher aggregates ℓ.
+where `k` holds every knob of docs/math/losses.md §4.4 (defaults filled in),
+`per_token` is the `[B, T]` loss ℓ *including* the IS weights, and `metrics` is
+a dict of scalar arrays under `actor/`. The dispatcher aggregates ℓ.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Log-prob-weighted policy losses: the REINFORCE family (losses.md §4.3).
+"""Log-prob-weighted policy losses: the REINFORCE family
+(docs/math/losses.md §4.3).
 
 `gpg`, `reinforce`, `dro` and the two μ-anchored losses `rollout_is` and
 `prime`. Each function maps sanitised `LossInputs` and the knob dict to the

@@ -1,4 +1,5 @@
-"""Ratio-based policy losses: the PPO clip family (spec losses.md §4.2-4.3).
+"""Ratio-based policy losses: the PPO clip family
+(docs/math/losses.md §4.2–§4.3).
 
 Each function maps sanitised `LossInputs` and the knob dict to the per-token
 loss ℓ `[B, T]` (IS weights included) and its metrics; see `policy_base`.

@@ -1,7 +1,8 @@
-"""Reward placement, KL in reward and KL controllers (advantages.md §6–§8).
+"""Reward placement, KL in reward and KL controllers
+(docs/math/advantages.md §6–§8).
 
-Order within one step (§1): `place_at_last_token` → `apply_kl_penalty`
-(optional) → `compute_advantages` → `update_kl_controller`.
+Order within one step (docs/math/advantages.md §1): `place_at_last_token` →
+`apply_kl_penalty` (optional) → `compute_advantages` → `update_kl_controller`.
 
 * `place_at_last_token(seq_rewards, mask)` writes each sequence reward on its
   row's last valid token: the last policy token of a multi-turn response,
@@ -47,7 +48,8 @@ def last_token_index(mask: jax.Array) -> jax.Array:
 
 
 def place_at_last_token(seq_rewards: jax.Array, mask: jax.Array) -> jax.Array:
-  """Token scores with `seq_rewards_i` at row i's last valid token (§6).
+  """Token scores with `seq_rewards_i` at row i's last valid token
+  (docs/math/advantages.md §6).
 
   Every other position is 0. A row with no valid token receives nothing
   (its reward is dropped; it is not a group member either). Per-token
@@ -85,7 +87,7 @@ def apply_kl_penalty(
   *,
   estimator: str = 'kl',
 ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
-  """KL in reward (verl `apply_kl_penalty`, spec §7).
+  """KL in reward (verl `apply_kl_penalty`, docs/math/advantages.md §7).
 
   `kl = kl_penalty(behaviour_logp, ref_logp, estimator, mask=mask)` and
   `token_rewards = token_scores − kl_coef·kl`, with β from *before* this
@@ -101,7 +103,8 @@ def apply_kl_penalty(
     behaviour_logp: float `[B, T]`: `old_logp` (decoupled) or
       `rollout_logp` (bypass).
     ref_logp: float `[B, T]` reference log-probs.
-    mask: bool `[B, T]` response mask before rejection (§1).
+    mask: bool `[B, T]` response mask before rejection
+      (docs/math/advantages.md §1).
     kl_coef: β ≥ 0, a traced scalar (controller state) or a Python float; a
       changing β never recompiles.
     estimator: any name of `kl.valid_names()` (static); verl's default `kl`
@@ -158,7 +161,8 @@ def _positive_or_zero(field: str, value: Any, strict: bool) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class KLControlConfig:
-  """KL-in-reward controller settings (verl `KLControlConfig`, spec §8).
+  """KL-in-reward controller settings (verl `KLControlConfig`,
+  docs/math/advantages.md §8).
 
   Attributes:
     type: `'fixed'` (β constant) or `'adaptive'`.

@@ -1,4 +1,4 @@
-"""The clipped critic loss (spec losses.md §7, verl).
+"""The clipped critic loss (docs/math/losses.md §7, verl).
 
 With ε = `cliprange_value`, V the predicted values, V_old the values of the
 rollout-time critic and R the returns::

@@ -95,8 +95,8 @@ class TransformerConfig:
   pad_token_id: int | None = None
   # The tokenizer's real vocabulary when the embedding is padded (Qwen2.5:
   # 151936 rows for 151665 tokens). Logit columns >= it are set to -inf in
-  # every forward, trainer and engine alike (rollout contract §1). None:
-  # every column is a real token.
+  # every forward, trainer and engine alike (docs/math/rollout_contract.md §1).
+  # None: every column is a real token.
   real_vocab_size: int | None = None
 
   def __post_init__(self):

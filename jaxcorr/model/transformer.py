@@ -47,7 +47,8 @@ _REMAT_POLICY = {
 def mask_padded_vocab(
   logits: jax.Array, real_vocab_size: int | None
 ) -> jax.Array:
-  """Sets logit columns >= `real_vocab_size` to -inf (rollout contract §1).
+  """Sets logit columns >= `real_vocab_size` to -inf
+  (docs/math/rollout_contract.md §1).
 
   Padding columns exist only for sharding or alignment; both the trainer and
   the engine must drop them, or every importance ratio is biased by the

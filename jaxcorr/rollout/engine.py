@@ -1,5 +1,5 @@
 """`PolicyEngine`: the jaxcorr `Transformer` behind JetStream's `Engine` API,
-with the contract's per-token log-probs (`spec/rollout_contract.md`).
+with the contract's per-token log-probs (`docs/math/rollout_contract.md`).
 
     prefill(prompt padded to a bucket) -> Prefix (KV cache [L,1,Pb,K,Dh],
                                                   first token + log-probs)

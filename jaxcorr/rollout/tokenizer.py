@@ -1,6 +1,6 @@
 """`IdTokenizer`: a JetStream tokenizer whose text is the token ids
 themselves ("12 7 99"), for tiny random models that have no vocabulary
-file. RL prompts travel as ids anyway (`rollout_contract.md` §3); this
+file. RL prompts travel as ids anyway (`docs/math/rollout_contract.md` §3); this
 only lets JetStream's text-based server and client talk to such a model.
 """
 

@@ -1,5 +1,5 @@
 """`RolloutBatch`: what the rollout engine hands to the trainer
-(`spec/rollout_contract.md` §4-§5).
+(`docs/math/rollout_contract.md` §4-§5).
 
 Layout: prompts left-padded [B, P], responses right-padded [B, T] from
 t = 0; `rollout_logp[i, t]` is log μ(response_tokens[i, t] | prompt_i,
@@ -38,8 +38,10 @@ class RolloutBatch:
   response_tokens: jax.Array  # [B, T] int32, right-padded
   context_mask: jax.Array  # [B, T] bool, every real response-side token
   response_mask: jax.Array  # [B, T] bool, policy tokens (subset)
-  rollout_logp: jax.Array | None  # [B, T] float32, §1 full value
-  rollout_logp_truncated: jax.Array | None  # [B, T] float32, §2 value
+  # log μ: the full value of docs/math/rollout_contract.md §1 and the
+  # truncated value of docs/math/rollout_contract.md §2.
+  rollout_logp: jax.Array | None  # [B, T] float32, full value
+  rollout_logp_truncated: jax.Array | None  # [B, T] float32, truncated
   temperature: jax.Array  # [B] float32
   top_k: jax.Array  # [B] int32, 0 = off
   top_p: jax.Array  # [B] float32, 1.0 = off

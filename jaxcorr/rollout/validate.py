@@ -1,5 +1,5 @@
 """Host-side checks of a `RolloutBatch` before it goes to the device
-(`spec/rollout_contract.md` §7).
+(`docs/math/rollout_contract.md` §7).
 
 Every failure is a `ValueError` naming the field, the first rows concerned
 and the rule, so a broken engine adapter is caught at the boundary instead
@@ -54,13 +54,15 @@ def _check_array(batch, name, shape, kind):
   if x.shape != shape or x.dtype != np.dtype(kind):
     raise ValueError(
       f'RolloutBatch.{name}: shape {x.shape} dtype {x.dtype}, expected '
-      f'{shape} {np.dtype(kind)} (rule: §4 layout)'
+      f'{shape} {np.dtype(kind)} '
+      '(rule: the layout of docs/math/rollout_contract.md §4)'
     )
   return x
 
 
 def validate_rollout_batch(batch: RolloutBatch, cfg: ValidationConfig):
-  """Raise ValueError on the first violated rule of §7; return None."""
+  """Raise ValueError on the first violated rule of
+  docs/math/rollout_contract.md §7; return None."""
   b, t = np.shape(batch.response_tokens)
   p = np.shape(batch.prompt_tokens)[1]
   bt, bp = (b, t), (b, p)

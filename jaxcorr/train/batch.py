@@ -3,20 +3,23 @@
 `assemble` runs in numpy after validation and before the one transfer to the
 devices. It
 
-* drops rows the contract says to drop (§6): ABORT and ERROR rows and rows
-  staler than `rollout.max_staleness` become empty rows (every mask False);
+* drops rows the contract says to drop (docs/math/rollout_contract.md §6): ABORT
+  and ERROR rows and rows staler than `rollout.max_staleness` become empty rows
+  (every mask False);
 * picks μ by `rollout.logprob_mode` (`rollout_logp` or its truncated value);
 * lays prompt and response out as one `[B, P + T]` token row with segment
   ids (1 on real tokens) so positions count from the first real prompt token
-  in the trainer exactly as in the engine (contract §3);
+  in the trainer exactly as in the engine (docs/math/rollout_contract.md §3);
 * pads the batch with complete PAD rows up to a multiple of `row_multiple`
   (mini-batches x micro-batches x the mesh's batch shards). A padding row
   carries every per-token field, `rollout_logp` included, as zeros with the
-  mask off (contract §5; SkyRL once dropped `rollout_logp` from padding
-  micro-batches). Losses and metrics are identical with and without them.
+  mask off (docs/math/rollout_contract.md §5; SkyRL once dropped `rollout_logp`
+  from padding micro-batches). Losses and metrics are identical with and without
+  them.
 
-`rollout_metrics` computes the `rollout/` metrics of contract §6 on the
-host, where the versions and finish reasons already are.
+`rollout_metrics` computes the `rollout/` metrics of
+docs/math/rollout_contract.md §6 on the host, where the versions and finish
+reasons already are.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@
 
 Versions: the engine's policy version is the number of RL steps whose
 update produced its weights, so the trainer version at step s is s and a
-row's staleness is s minus its sampling version (contract §6).
+row's staleness is s minus its sampling version
+(docs/math/rollout_contract.md §6).
 
 SIGTERM (TPU preemption) sets a flag; the loop finishes the current step,
 writes a checkpoint and returns. A restart with the same --workdir resumes:

@@ -5,9 +5,9 @@ the async producer and evaluation.
     RolloutBatch --decode responses--> reward functions --> Scored
 
 The engine's token ids are what the trainer trains on; responses are
-decoded only for the reward functions (contract §3). The sampling seed of
-step s is fold_in(PRNGKey(train.seed), s): a step's rollouts do not depend
-on what ran before it, which is what makes resume exact.
+decoded only for the reward functions (docs/math/rollout_contract.md §3). The
+sampling seed of step s is fold_in(PRNGKey(train.seed), s): a step's rollouts do
+not depend on what ran before it, which is what makes resume exact.
 
 Multi-host: every process samples its own contiguous share of the global
 batch (`data.PromptLoader`, the held-out split), all shares of one size, so

@@ -15,8 +15,8 @@ Per RL step the host calls two compiled functions:
         losses use *global* normalisers (objective.py's docstring): token
         counts of the whole mini-batch, not a mean of micro-batch means.
         In bypass mode the correction runs inside the loss, per micro-batch
-        (correction.md §2), with unit normalisers and one division by the
-        summed corrected count at the end.
+        (docs/math/correction.md §2), with unit normalisers and one division by
+        the summed corrected count at the end.
 
 Micro-batch i of a mini-batch holds its rows i, i + n, i + 2n, ... (strided):
 a contiguous row block per device stays a contiguous block per device, so
@@ -153,7 +153,7 @@ def merge_micro(tree: Any) -> Any:
 def at_response(x: jax.Array, batch: dict) -> jax.Array:
   """Per-position outputs `[B, P + T, ...]` of `concat(prompt, response)`
   -> those predicting response token t, read at position P + t − 1
-  (contract §5): `[B, T, ...]`."""
+  (docs/math/rollout_contract.md §5): `[B, T, ...]`."""
   t = batch['response_mask'].shape[1]
   p = batch['tokens'].shape[1] - t
   return x[:, p - 1 : p - 1 + t]
@@ -231,7 +231,8 @@ class Steps:
     self, params: Any, batch: dict, *, entropy: bool = False
   ) -> Any:
     """log π(response token t) `[B, T]` (and the entropy), read at position
-    P + t − 1 of `concat(prompt, response)` (contract §5)."""
+    P + t − 1 of `concat(prompt, response)`
+    (docs/math/rollout_contract.md §5)."""
     model = nnx.merge(self.graphdef, params)
     if self.run.rollout.logprob_mode == 'truncated':
       return self._truncated_logp(model, batch, entropy)
@@ -248,8 +249,9 @@ class Steps:
     return at_response(out, batch)
 
   def _truncated_logp(self, model, batch, entropy):
-    """Contract §2 'truncated': the engine's rule on the trainer's logits,
-    over K' = K_θ ∪ {y_t} (a constant set), with full-vocabulary logits."""
+    """docs/math/rollout_contract.md §2 'truncated': the engine's rule on the
+    trainer's logits, over K' = K_θ ∪ {y_t} (a constant set), with
+    full-vocabulary logits."""
     logits = model(batch['tokens'], segment_ids=batch['segment_ids'])
     logits = at_response(logits, batch)
     p = batch['tokens'].shape[1] - batch['response_mask'].shape[1]

@@ -1,9 +1,9 @@
 """Text <-> token ids for the trainer: prompts in, responses out.
 
 The trainer tokenises each prompt once and never re-tokenises a response
-(rollout contract §3): the engine's ids go straight into the training batch;
-text is decoded only for the reward functions. Two tokenizers share one
-small interface (`encode(text, bos=...)`, `decode(ids)`, `vocab_size`,
+(docs/math/rollout_contract.md §3): the engine's ids go straight into the
+training batch; text is decoded only for the reward functions. Two tokenizers
+share one small interface (`encode(text, bos=...)`, `decode(ids)`, `vocab_size`,
 `eos_id`; `stop_ids(tokenizer)` adds the model's other stop tokens):
 
 * `jaxcorr.train.tasks.CharTokenizer` for the embedded arithmetic task;
