@@ -5,7 +5,7 @@ together (docs/architecture.md draws the data flow).
     engine      rollout_stage.py  PolicyEngine, generate, rewards -> Scored
     resume      resume.py         restore the latest checkpoint of --workdir
     SFT         sft.py            warm-up (train.sft_steps) ─ checkpoint 0
-    rollouts    rollout_source.py sync, or async.py's fixed-lag producer
+    rollouts    rollout_source.py sync, or async_rollout.py's fixed lag
     RL step     rl_step.py        validate ─ assemble ─ prepare ─ update
     evaluation  evaluation.py     greedy accuracy on held-out prompts
     metrics     metrics.py        metrics.jsonl, TensorBoard, progress line

@@ -40,7 +40,7 @@ from typing import Any, TextIO
 import jax
 import numpy as np
 
-from jaxcorr.train import tensorboard
+from jaxcorr.train.tensorboard import EventFile
 
 JSONL = 'metrics.jsonl'
 TENSORBOARD = 'tensorboard'
@@ -151,7 +151,7 @@ class MetricWriter:
     self.path = os.path.join(workdir, JSONL)
     self.enabled = bool(enabled)
     self._jsonl: TextIO | None = None
-    self._tb: tensorboard.EventFile | None = None
+    self._tb: EventFile | None = None
     self._closed = False
     if not self.enabled:
       return
@@ -159,7 +159,7 @@ class MetricWriter:
     _drop_partial_tail(self.path)
     self._jsonl = open(self.path, 'a', encoding='utf-8')  # noqa: SIM115
     if tensorboard:
-      self._tb = tensorboard.EventFile(os.path.join(workdir, TENSORBOARD))
+      self._tb = EventFile(os.path.join(workdir, TENSORBOARD))
 
   @property
   def tensorboard_path(self) -> str | None:
