@@ -3,14 +3,15 @@
   python bench/train.py                 # ~2 minutes on a 2-core CPU
   python bench/train.py --steps=8 --preset=bypass_pg_is
 
-Runs the real trainer (`jaxcorr.train.loop.Trainer`: JetStream engine,
-rewards, prepare, update, weight sync) on the arithmetic task with a model
-from scratch and no SFT, so responses run to `max_new_tokens` and every
-step has the same shape. The first step (compilation) is dropped. For each
-measured step it prints the wall time of each phase, and the FLOP rate of
-the phases that are matmul-bound (prepare: one forward for π_old; update:
-forward + backward) as a fraction of a dense-matmul peak measured right
-before that step (this machine is shared: peak and step see the same load).
+Runs the real trainer (`jaxcorr.train.loop.Trainer` with a
+`SyncRollouts` source: JetStream engine, rewards, prepare, update, weight
+sync) on the arithmetic task with a model from scratch and no SFT, so
+responses run to `max_new_tokens` and every step has the same shape. The
+first step (compilation) is dropped. For each measured step it prints the
+wall time of each phase, and the FLOP rate of the phases that are
+matmul-bound (prepare: one forward for π_old; update: forward + backward)
+as a fraction of a dense-matmul peak measured right before that step (this
+machine is shared: peak and step see the same load).
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ import jax
 import jax.numpy as jnp
 
 from configs import arith_tiny
-from jaxcorr.train.loop import Trainer, model_config
+from jaxcorr.train.loop import Trainer
+from jaxcorr.train.reduction import values
+from jaxcorr.train.rollout_source import SyncRollouts
+from jaxcorr.train.setup import model_config
 
 
 def matmul_peak(n: int = 1024, reps: int = 3) -> float:
@@ -79,15 +83,15 @@ def main() -> None:
     cfg = model_config(trainer.run)
     rows = []
     trainer.save(force=True)
-    trainer._sync_weights()
+    source = SyncRollouts(
+      trainer.stage, trainer.loader, trainer.engine_params, start=0
+    )
     for s in range(args.steps + 1):
       peak = matmul_peak()
       t0 = time.perf_counter()
-      examples = trainer.loader.next_batch()
-      scored = trainer.stage.run_step(examples, step=s)
-      out = trainer.train_on(scored)
+      out = trainer.train_on(source.next())
       trainer.step += 1
-      out['time/weight_sync'] = trainer._sync_weights()
+      out.update(values(source.publish(trainer.step)))
       out['time/step'] = time.perf_counter() - t0
       out['peak'] = peak
       if s:  # step 0 compiles

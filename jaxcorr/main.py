@@ -1,5 +1,5 @@
 """The trainer's command line (a thin absl entry; the loop is in
-`jaxcorr.train.loop`).
+`jaxcorr.train.loop`, docs/architecture.md).
 
   python -m jaxcorr.main --config=configs/arith_tiny.py --workdir=/tmp/run
   python -m jaxcorr.main --config=configs/gsm8k_qwen.py:decoupled_geo_rs \\
@@ -11,6 +11,10 @@ override (`--config.train.num_step=5`) fails before anything runs, and
 `jaxcorr.train.run_config.build` validates every field and combination at
 start-up. Re-running with the same `--workdir` resumes from its latest
 checkpoint. Multi-process runs: see `jaxcorr.distributed` and docs/tpu.md.
+
+The console shows the progress lines and jaxcorr's own logs; the libraries'
+INFO logs (orbax's checkpoint lines, ...) only with `--verbose_libs`
+(`jaxcorr.console`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from collections.abc import Sequence
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from jaxcorr import console
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config',
@@ -43,6 +49,7 @@ def _config_name(argv: Sequence[str]) -> str:
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  console.quiet_libraries()
   from jaxcorr import distributed
   from jaxcorr.train import run_config
 

@@ -45,7 +45,8 @@ import process_group
 
 from jaxcorr.rollout.types import RolloutBatch
 from jaxcorr.train import batch as batch_lib
-from jaxcorr.train import metrics
+from jaxcorr.train import reduction
+from jaxcorr.train.reduction import Metric
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DRIVER = REPO / 'tests' / 'multihost_driver.py'
@@ -213,19 +214,18 @@ def test_host_metrics_combine_like_one_process():
     m = batch_lib.rollout_metrics(
       part, reward[lo:hi], trainer_version=6, max_staleness=2
     )
-    m['reward/failures'] = float(failures[lo:hi].sum())
-    m['perf/train_tokens'] = float(np.asarray(part.context_mask).sum())
+    m['reward/failures'] = Metric.sum(float(failures[lo:hi].sum()))
+    tokens = float(np.asarray(part.context_mask).sum())
+    m['perf/train_tokens'] = Metric.sum(tokens)
     return m
 
-  whole = host(0, b)
+  whole = reduction.values(host(0, b))
   k = b // shares
   per = [host(i * k, (i + 1) * k) for i in range(shares)]
-  keys = sorted(whole)
-  values = np.asarray([[m[key] for key in keys] for m in per])
-  combined = metrics.combine_processes(keys, values)
+  combined = reduction.combine_processes(per)
   assert combined.keys() == whole.keys()
-  for key in keys:
+  for key in whole:
     np.testing.assert_allclose(
       combined[key], whole[key], rtol=1e-12, err_msg=key
     )
-  assert combined['reward/max'] == max(m['reward/max'] for m in per)
+  assert combined['reward/max'] == max(m['reward/max'].value for m in per)

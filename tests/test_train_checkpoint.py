@@ -18,7 +18,7 @@ from model_testing import random_model, tiny_config
 from jaxcorr import sharding
 from jaxcorr.losses import rewards
 from jaxcorr.train import checkpoint
-from jaxcorr.train.step import TrainState
+from jaxcorr.train.state import TrainState
 
 
 @pytest.fixture(scope='module')

@@ -20,8 +20,9 @@ from jaxcorr.model import Transformer
 from jaxcorr.rollout.types import FinishReason, RolloutBatch
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train import run_config as run_lib
-from jaxcorr.train.loop import model_config
-from jaxcorr.train.step import Steps, TrainState, make_optimizer
+from jaxcorr.train.setup import model_config
+from jaxcorr.train.state import TrainState, make_optimizer
+from jaxcorr.train.step import Steps
 
 B, P, T = 8, 6, 5
 
@@ -81,10 +82,7 @@ def _step(run, mesh, arrays):
       updates=jnp.zeros((), jnp.int32),
     )
     steps = Steps(run, graphdef, tx, schedule)
-    dev = {
-      k: jax.device_put(v, sharding.batch_sharding(mesh, v.ndim))
-      for k, v in arrays.items()
-    }
+    dev = batch_lib.to_device(mesh, arrays)
     _, train_arrays, prep = steps.prepare(
       state.params, None, state.kl_ctrl, None, dev
     )
@@ -131,10 +129,10 @@ def test_padding_rows_change_nothing(preset):
   mesh = _one_device_mesh()
   plain = _arrays(run, 1)
   padded = _arrays(run, 16)
-  assert padded['tokens'].shape[0] == 16
+  assert padded.tokens.shape[0] == 16
   # Padding rows carry every per-token field, rollout_logp included.
-  assert set(padded) == set(plain)
-  assert not padded['response_mask'][B:].any()
+  assert all(x.shape[0] == 16 for x in jax.tree.leaves(padded))
+  assert not padded.response_mask[B:].any()
   a = _step(run, mesh, plain)
   b = _step(run, mesh, padded)
   for k in ('batch/valid_rows', 'batch/valid_tokens'):
@@ -189,13 +187,13 @@ def test_no_gradient_through_old_or_rollout_logp():
   tx, schedule = make_optimizer(run.optim, 1e-3, 10)
   steps = Steps(run, graphdef, tx, schedule)
   with jax.set_mesh(mesh):
-    dev = {k: jnp.asarray(v) for k, v in arrays.items()}
+    dev = jax.tree.map(jnp.asarray, arrays)
 
     def total_old(p):
       _, arr, _ = steps._prepare(
         p, None, rewards.KLControllerState(jnp.zeros(())), None, dev
       )
-      return jnp.sum(arr['old_logp']) + jnp.sum(arr['corr_weights'])
+      return jnp.sum(arr.old_logp) + jnp.sum(arr.corr_weights)
 
     g = jax.grad(total_old)(params)
   assert all(float(jnp.abs(x).max()) == 0 for x in jax.tree.leaves(g))

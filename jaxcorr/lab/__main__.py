@@ -40,6 +40,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from jaxcorr import console
 from jaxcorr.lab.config import env_small
 from jaxcorr.lab.results import markdown_table, write_results
 from jaxcorr.lab.runs import PRESETS, Grid, default_plan, run_grid
@@ -54,16 +55,15 @@ def _parse_value(s: str) -> Any:
 
 def main(argv: Sequence[str]) -> None:
   import matplotlib
-  from absl import app, flags, logging
+  from absl import app, flags
 
   f = flags.FLAGS
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
 
   matplotlib.use('Agg')
-  if not f['verbosity'].present:
-    # Orbax logs every save and restore at INFO: 30 lines a run.
-    logging.set_verbosity(logging.WARNING)
+  # Orbax logs every save and restore at INFO: 30 lines a run.
+  console.quiet_libraries()
   small = f.small or env_small()
   overrides = {}
   for item in f.set or ():

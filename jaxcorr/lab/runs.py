@@ -245,15 +245,7 @@ def run_grid(
       sft_cache=os.path.join(workdir, 'sft'),
       **grid.overrides,
     )
-    wall = time.perf_counter() - t0
-    if not reused:
-      with open(wall_file, 'w') as f:
-        f.write(f'{wall:.1f}\n')
-    elif os.path.exists(wall_file):
-      with open(wall_file) as f:
-        wall = float(f.read())
-    else:
-      wall = None  # finished by someone else, time unknown
+    wall = _wall_time(wall_file, time.perf_counter() - t0, reused)
     if not keep_checkpoints:
       shutil.rmtree(os.path.join(run_dir, 'checkpoints'), True)
     s = summarise(rows)
@@ -278,6 +270,19 @@ def run_grid(
         f'{", read back" if reused else ""})'
       )
   return records
+
+
+def _wall_time(path: str, measured: float, reused: bool) -> float | None:
+  """A run's wall time: the one `measured` now, recorded in `path`, or for
+  a run read back the one recorded when it ran (None: unknown)."""
+  if not reused:
+    with open(path, 'w') as f:
+      f.write(f'{measured:.1f}\n')
+    return measured
+  if os.path.exists(path):
+    with open(path) as f:
+      return float(f.read())
+  return None  # finished by someone else, time unknown
 
 
 def enable_compile_cache(path: str) -> None:

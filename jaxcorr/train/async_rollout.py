@@ -14,7 +14,9 @@ version of fully-async training for larger values.
 
 The engine may run on its own sub-mesh (`rollout.rollout_devices`): the
 producer's `update_params` then copies the published weights across. A
-producer exception is re-raised in the trainer by `get`.
+producer exception is re-raised in the trainer by `next`. The producer owns
+the prompt loader: the trainer reads each batch's loader state from the
+`Scored` it trains on (jaxcorr/train/rollout_source.py).
 """
 
 from __future__ import annotations
@@ -22,43 +24,48 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
+from jaxcorr.train.reduction import Metric, Metrics
 from jaxcorr.train.rollout_stage import RolloutStage, Scored
 
 _POLL_S = 0.05
 
 
 class AsyncRollouts:
-  """Producer of `Scored` batches `start .. num_steps - 1` (module doc).
+  """Producer of `Scored` batches `start .. num_steps - 1` (module doc); a
+  `rollout_source.RolloutSource`.
 
   Args:
     stage: generation and scoring (owns the engine).
-    loader: the prompt loader; the producer draws from it, each batch
+    loader: the prompt loader; only the producer draws from it, each batch
       carries the loader state after its draw.
+    weights: () -> a copy of the trainer's current weights (the weights of
+      version `start` now, of each published version later).
     start: the first step to produce (the resumed step).
     num_steps: one past the last step.
     lag: `rollout.max_staleness`.
     queue_size: batches produced ahead of the trainer.
-    params: the weights of version `start`.
   """
 
   def __init__(
     self,
     stage: RolloutStage,
     loader: Any,
+    weights: Callable[[], Any],
     *,
     start: int,
     num_steps: int,
     lag: int,
     queue_size: int,
-    params: Any,
   ):
     self.stage = stage
     self.loader = loader
+    self.weights = weights
     self.start, self.num_steps, self.lag = start, num_steps, lag
     self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
-    self._published = {start: params}
+    self._published = {start: weights()}
     self._cond = threading.Condition()
     self._stop = threading.Event()
     self._error: BaseException | None = None
@@ -70,9 +77,14 @@ class AsyncRollouts:
   def version_for(self, step: int) -> int:
     return max(step - self.lag, self.start)
 
-  def publish(self, version: int, params: Any) -> None:
-    """The trainer's weights after step `version - 1` (a copy that later
-    donations cannot invalidate)."""
+  def publish(self, version: int) -> Metrics:
+    """Hand the trainer's weights after step `version - 1` to the
+    producer; returns `time/publish`."""
+    t0 = time.perf_counter()
+    self._publish(version, self.weights())
+    return {'time/publish': Metric.avg(time.perf_counter() - t0)}
+
+  def _publish(self, version: int, params: Any) -> None:
     with self._cond:
       self._published[version] = params
       # Versions below the oldest one any future batch needs are dropped.
@@ -105,7 +117,7 @@ class AsyncRollouts:
         examples = self.loader.next_batch()
         scored = self.stage.run_step(examples, step=step)
         scored.loader_state = self.loader.state()
-        scored.metrics['time/weight_sync'] = sync_s
+        scored.metrics['time/weight_sync'] = Metric.avg(sync_s)
         while not self._stop.is_set():
           try:
             self._queue.put(scored, timeout=_POLL_S)
@@ -117,7 +129,7 @@ class AsyncRollouts:
     except BaseException as e:
       self._error = e
 
-  def get(self) -> Scored:
+  def next(self) -> Scored:
     """The next batch, in step order (blocks; re-raises producer errors)."""
     t0 = time.perf_counter()
     while True:
@@ -125,7 +137,8 @@ class AsyncRollouts:
         raise RuntimeError('the rollout producer failed') from self._error
       try:
         scored = self._queue.get(timeout=_POLL_S)
-        scored.metrics['time/queue_wait'] = time.perf_counter() - t0
+        wait = time.perf_counter() - t0
+        scored.metrics['time/queue_wait'] = Metric.avg(wait)
         return scored
       except queue.Empty:
         if not self._thread.is_alive() and self._error is None:

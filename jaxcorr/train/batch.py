@@ -19,26 +19,78 @@ devices. It
 
 `rollout_metrics` computes the `rollout/` metrics of
 docs/math/rollout_contract.md §6 on the host, where the versions and finish
-reasons already are.
+reasons already are; `to_device` is the one transfer of a host batch to the
+trainer's mesh.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, TypeVar
+
+import flax.struct
+import jax
 import numpy as np
 
+from jaxcorr import sharding
 from jaxcorr.rollout.types import FinishReason, RolloutBatch
+from jaxcorr.train.reduction import Metric, Metrics
 
-# Fields of the device batch, with their per-row shape suffix and dtype.
-TOKEN_FIELDS = ('tokens', 'segment_ids')
-RESPONSE_FIELDS = ('response_mask', 'rollout_logp')
-ROW_FIELDS = (
-  'temperature',
-  'top_k',
-  'top_p',
-  'min_p',
-  'group_ids',
-  'seq_reward',
+Array = Any  # np.ndarray on the host, jax.Array on the devices
+
+
+@flax.struct.dataclass
+class TrainBatch:
+  """The rows of one RL step, from `assemble` (host, numpy) to the loss.
+
+  B rows (padded to a multiple of `row_multiple`), P prompt and T response
+  positions. `prepare` (jaxcorr/train/prepare.py) fills the fields after
+  `seq_reward`; a field a run does not need stays None.
+  """
+
+  tokens: Array  # [B, P + T] int32: prompt then response, 0 off segment
+  segment_ids: Array  # [B, P + T] int32: 1 on real tokens
+  response_mask: Array  # [B, T] bool: the response tokens that train
+  rollout_logp: Array  # [B, T] float32: μ, 0 off the mask
+  temperature: Array  # [B] float32: the row's sampling parameters
+  top_k: Array  # [B] int32
+  top_p: Array  # [B] float32
+  min_p: Array  # [B] float32
+  group_ids: Array  # [B] int32: rows of one prompt share an id
+  seq_reward: Array  # [B] float32: 0 for dropped rows
+  old_logp: Array | None = None  # [B, T] float32: π_old (decoupled mode)
+  ref_logp: Array | None = None  # [B, T] float32: π_ref (reference KL)
+  values: Array | None = None  # [B, T] float32: the critic's V
+  advantages: Array | None = None  # [B, T] float32
+  returns: Array | None = None  # [B, T] float32
+  corr_weights: Array | None = None  # [B, T] float32: decoupled correction
+  corr_mask: Array | None = None  # [B, T] bool: rows/tokens it keeps
+
+  @property
+  def rows(self) -> int:
+    return self.response_mask.shape[0]
+
+  def for_scoring(self) -> TrainBatch:
+    """Only what a forward pass reads (tokens, segments, the response
+    length and sampling parameters): what `scoring.in_chunks` carries."""
+    none = dict.fromkeys(_TRAINING_FIELDS)
+    return self.replace(
+      rollout_logp=None, group_ids=None, seq_reward=None, **none
+    )
+
+
+_TRAINING_FIELDS = (
+  'old_logp',
+  'ref_logp',
+  'values',
+  'advantages',
+  'returns',
+  'corr_weights',
+  'corr_mask',
 )
+# Padding rows repeat row 0's sampling parameters: a padding row must still
+# be a valid row for the truncated-support rule.
+_REPEATED_ON_PAD = ('temperature', 'top_k', 'top_p', 'min_p')
 
 
 def padded_size(b: int, multiple: int) -> int:
@@ -68,14 +120,9 @@ def assemble(
   max_staleness: int | None,
   logprob_mode: str,
   row_multiple: int,
-) -> dict[str, np.ndarray]:
-  """The device batch as numpy arrays (see the module docstring).
-
-  Returns a dict with `tokens`, `segment_ids` `[B', P + T]` int32,
-  `response_mask` `[B', T]` bool, `rollout_logp` `[B', T]` float32 (μ),
-  and `[B']` `temperature`, `top_k`, `top_p`, `min_p`, `group_ids`,
-  `seq_reward`, where B' is B rounded up to `row_multiple`.
-  """
+) -> TrainBatch:
+  """The device batch as numpy arrays (see the module docstring), B rows
+  rounded up to `row_multiple`."""
   b, t = np.shape(batch.response_tokens)
   kept, _ = keep_rows(batch, trainer_version, max_staleness)
   mask = np.asarray(batch.response_mask, bool) & kept[:, None]
@@ -91,38 +138,46 @@ def assemble(
   ).astype(np.int32)
   real = np.concatenate([np.asarray(batch.prompt_mask, bool), ctx], 1)
   tokens = np.where(real, tokens, 0)
-  out = {
-    'tokens': tokens,
-    'segment_ids': real.astype(np.int32),
-    'response_mask': mask,
-    'rollout_logp': mu,
-    'temperature': np.asarray(batch.temperature, np.float32),
-    'top_k': np.asarray(batch.top_k, np.int32),
-    'top_p': np.asarray(batch.top_p, np.float32),
-    'min_p': np.asarray(batch.min_p, np.float32),
-    'group_ids': np.asarray(batch.group_id, np.int32),
-    'seq_reward': np.where(kept, seq_reward, 0.0).astype(np.float32),
-  }
+  out = TrainBatch(
+    tokens=tokens,
+    segment_ids=real.astype(np.int32),
+    response_mask=mask,
+    rollout_logp=mu,
+    temperature=np.asarray(batch.temperature, np.float32),
+    top_k=np.asarray(batch.top_k, np.int32),
+    top_p=np.asarray(batch.top_p, np.float32),
+    min_p=np.asarray(batch.min_p, np.float32),
+    group_ids=np.asarray(batch.group_id, np.int32),
+    seq_reward=np.where(kept, seq_reward, 0.0).astype(np.float32),
+  )
   return pad_rows(out, padded_size(b, row_multiple))
 
 
-def pad_rows(arrays: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-  """Append PAD rows up to `rows`: zeros, masks False, sampling params of
-  row 0 (a padding row must still be a valid row), group id 0."""
-  b = next(iter(arrays.values())).shape[0]
+Batch = TypeVar('Batch')
+
+
+def pad_rows(batch: Batch, rows: int) -> Batch:
+  """Append PAD rows to a host batch dataclass up to `rows`: zeros, masks
+  False, group id 0, and row 0's sampling parameters."""
+  present = {
+    f.name: getattr(batch, f.name)
+    for f in dataclasses.fields(batch)
+    if getattr(batch, f.name) is not None
+  }
+  b = next(iter(present.values())).shape[0]
   extra = rows - b
   if extra < 0:
     raise ValueError(f'cannot pad {b} rows down to {rows}')
   if extra == 0:
-    return arrays
+    return batch
   out = {}
-  for name, x in arrays.items():
-    if name in ('temperature', 'top_k', 'top_p', 'min_p'):
+  for name, x in present.items():
+    if name in _REPEATED_ON_PAD:
       fill = np.broadcast_to(x[:1], (extra, *x.shape[1:]))
     else:
       fill = np.zeros((extra, *x.shape[1:]), x.dtype)
     out[name] = np.concatenate([x, fill], 0)
-  return out
+  return batch.replace(**out)
 
 
 def rollout_metrics(
@@ -131,8 +186,9 @@ def rollout_metrics(
   *,
   trainer_version: int,
   max_staleness: int | None,
-) -> dict[str, float]:
-  """`rollout/`, `reward/` and `response_length/` metrics of one batch."""
+) -> Metrics:
+  """`rollout/`, `reward/` and `response_length/` metrics of one batch,
+  each with how it combines across processes (`reduction.py`)."""
   kept, stale_dropped = keep_rows(batch, trainer_version, max_staleness)
   finish = np.asarray(batch.finish_reason)
   real = finish != FinishReason.PAD
@@ -145,23 +201,43 @@ def rollout_metrics(
   mixed = mask.any(1) & (vmax != vmin)
   lengths = mask.sum(1)[real]
   r = np.asarray(seq_reward, np.float64)[real]
+  avg, hi, lo = Metric.avg, Metric.max, Metric.min
+  r_mean = float(r.mean()) if r.size else 0.0
   m = {
-    'rollout/staleness_mean': (
+    'rollout/staleness_mean': avg(
       float(staleness.mean()) if staleness.size else 0.0
     ),
-    'rollout/staleness_max': float(staleness.max()) if staleness.size else 0,
-    'rollout/mixed_version_fraction': float(mixed[real].sum() / n),
-    'rollout/stale_dropped_fraction': float(stale_dropped.sum() / n),
-    'rollout/kept_fraction': float(kept.sum() / n),
-    'reward/mean': float(r.mean()) if r.size else 0.0,
-    'reward/std': float(r.std()) if r.size else 0.0,
-    'reward/max': float(r.max()) if r.size else 0.0,
-    'reward/min': float(r.min()) if r.size else 0.0,
-    'response_length/mean': float(lengths.mean()) if lengths.size else 0.0,
-    'response_length/max': float(lengths.max()) if lengths.size else 0.0,
-    'response_length/min': float(lengths.min()) if lengths.size else 0.0,
+    'rollout/staleness_max': hi(
+      float(staleness.max()) if staleness.size else 0
+    ),
+    'rollout/mixed_version_fraction': avg(float(mixed[real].sum() / n)),
+    'rollout/stale_dropped_fraction': avg(float(stale_dropped.sum() / n)),
+    'rollout/kept_fraction': avg(float(kept.sum() / n)),
+    'reward/mean': avg(r_mean),
+    'reward/std': Metric.std(float(r.std()) if r.size else 0.0, r_mean),
+    'reward/max': hi(float(r.max()) if r.size else 0.0),
+    'reward/min': lo(float(r.min()) if r.size else 0.0),
+    'response_length/mean': avg(float(lengths.mean()) if lengths.size else 0.0),
+    'response_length/max': hi(float(lengths.max()) if lengths.size else 0.0),
+    'response_length/min': lo(float(lengths.min()) if lengths.size else 0.0),
   }
   for reason in ('stop', 'length', 'abort', 'error'):
     code = FinishReason[reason.upper()]
-    m[f'rollout/finish_{reason}_fraction'] = float((finish == code).sum() / n)
+    m[f'rollout/finish_{reason}_fraction'] = avg(
+      float((finish == code).sum() / n)
+    )
   return m
+
+
+def to_device(mesh: Any, batch: Batch) -> Batch:
+  """Process-local host rows -> global arrays sharded over the batch axes
+  of `mesh` (every leaf; None fields stay None)."""
+  multi = jax.process_count() > 1
+
+  def put(x):
+    sh = sharding.batch_sharding(mesh, x.ndim)
+    if multi:
+      return jax.make_array_from_process_local_data(sh, x)
+    return jax.device_put(x, sh)
+
+  return jax.tree.map(put, batch)

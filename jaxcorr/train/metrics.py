@@ -18,10 +18,8 @@ old one, so a crash never leaves half a file), and the resumed run appends
 from there, so every step appears once.
 
 TensorBoard files go to `<workdir>/tensorboard/`, one
-`events.out.tfevents.*` file per writer, one scalar summary per metric. They
-are written here directly (TFRecord framing around hand-encoded `Event`
-protos), because neither TensorFlow nor the `tensorboard` package is a
-dependency and importing TensorFlow costs seconds. `truncate_after(step)`
+`events.out.tfevents.*` file per writer, one scalar summary per metric,
+written by `jaxcorr/train/tensorboard.py` (no TensorFlow). `truncate_after(step)`
 also writes a `SessionLog.START` event at `step + 1`: TensorBoard's event
 accumulator reads it as a restart and discards the points of steps >=
 `step + 1` that the interrupted run had logged.
@@ -34,16 +32,15 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
-import struct
 import sys
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
-from typing import IO, Any, TextIO
+from typing import Any, TextIO
 
 import jax
 import numpy as np
+
+from jaxcorr.train.tensorboard import EventFile
 
 JSONL = 'metrics.jsonl'
 TENSORBOARD = 'tensorboard'
@@ -118,179 +115,6 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
   return out
 
 
-# ---------------------------------------------------------- processes
-
-SUMMED = ('reward/failures', 'reward/timeouts', 'perf/train_tokens')
-"""Host metrics that are counts over the rows: summed over processes."""
-
-
-def combine_processes(
-  keys: Sequence[str], values: np.ndarray
-) -> dict[str, float]:
-  """One process's view of host metrics computed per process on equal
-  shares of the rows: `values` is `[processes, len(keys)]`.
-
-  Every process computes `rollout/`, `reward/` and `response_length/` on its
-  own rows, and every process has as many rows; the result is what one
-  process computing them on all rows would log: counts in `SUMMED` add up,
-  `*_max` / `*/max` and `*/min` take the extreme, `X/std` pools the
-  per-process variances around the global `X/mean` (when `X/mean` is one of
-  the keys), and everything else (means, fractions, times) is averaged.
-  """
-  v = np.asarray(values, np.float64).reshape(-1, len(keys))
-  col = {k: v[:, i] for i, k in enumerate(keys)}
-  out = {}
-  for k, x in col.items():
-    mean_key = k[: -len('std')] + 'mean'
-    if k in SUMMED:
-      out[k] = x.sum()
-    elif k.endswith(('_max', '/max')):
-      out[k] = x.max()
-    elif k.endswith('/min'):
-      out[k] = x.min()
-    elif k.endswith('/std') and mean_key in col:
-      m = col[mean_key]
-      var = np.mean(x**2 + m**2) - np.mean(m) ** 2
-      out[k] = np.sqrt(max(var, 0.0))
-    else:
-      out[k] = x.mean()
-  return {k: float(x) for k, x in out.items()}
-
-
-# ------------------------------------------------------------ TensorBoard
-
-
-def _crc32c_table() -> tuple[int, ...]:
-  table = []
-  for n in range(256):
-    c = n
-    for _ in range(8):
-      c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-    table.append(c)
-  return tuple(table)
-
-
-_CRC_TABLE = _crc32c_table()
-
-
-def crc32c(data: bytes) -> int:
-  """CRC-32C (Castagnoli), as TFRecord framing uses."""
-  c = 0xFFFFFFFF
-  for b in data:
-    c = _CRC_TABLE[(c ^ b) & 0xFF] ^ (c >> 8)
-  return c ^ 0xFFFFFFFF
-
-
-def _masked_crc(data: bytes) -> int:
-  c = crc32c(data)
-  return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def _tfrecord(data: bytes) -> bytes:
-  """One TFRecord: length, masked CRC of length, data, masked CRC of data."""
-  length = struct.pack('<Q', len(data))
-  return (
-    length
-    + struct.pack('<I', _masked_crc(length))
-    + data
-    + struct.pack('<I', _masked_crc(data))
-  )
-
-
-def _varint(n: int) -> bytes:
-  n &= (1 << 64) - 1  # int64 two's complement, as protobuf does
-  out = bytearray()
-  while True:
-    b = n & 0x7F
-    n >>= 7
-    if n:
-      out.append(b | 0x80)
-    else:
-      out.append(b)
-      return bytes(out)
-
-
-def _field(number: int, wire_type: int, payload: bytes) -> bytes:
-  if wire_type == 2:  # length-delimited
-    payload = _varint(len(payload)) + payload
-  return _varint(number << 3 | wire_type) + payload
-
-
-_F32_MAX = float(np.finfo(np.float32).max)
-
-
-def _float32(x: float) -> bytes:
-  """Little-endian float32; values beyond its range become ±inf."""
-  if abs(x) > _F32_MAX and math.isfinite(x):
-    x = math.copysign(math.inf, x)
-  return struct.pack('<f', x)
-
-
-def _event(
-  step: int,
-  wall_time: float,
-  *,
-  file_version: str | None = None,
-  scalars: Mapping[str, float] | None = None,
-  session_start: bool = False,
-) -> bytes:
-  """A serialized `tensorflow.Event` (tensorflow/core/util/event.proto).
-
-  Event: wall_time = 1 (double), step = 2 (int64), file_version = 3,
-  summary = 5 (Summary: repeated Value value = 1; Value: tag = 1,
-  simple_value = 2 (float)), session_log = 7 (SessionLog: status = 1,
-  START = 1).
-  """
-  out = _field(1, 1, struct.pack('<d', wall_time)) + _field(2, 0, _varint(step))
-  if file_version is not None:
-    out += _field(3, 2, file_version.encode())
-  if scalars is not None:
-    values = b''.join(
-      _field(
-        1,
-        2,
-        _field(1, 2, tag.encode()) + _field(2, 5, _float32(value)),
-      )
-      for tag, value in scalars.items()
-    )
-    out += _field(5, 2, values)
-  if session_start:
-    out += _field(7, 2, _field(1, 0, _varint(1)))
-  return out
-
-
-class _EventFile:
-  """Append-only TensorBoard event file (one per writer instance)."""
-
-  def __init__(self, directory: str):
-    os.makedirs(directory, exist_ok=True)
-    now = time.time()
-    name = (
-      f'events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}'
-    )
-    path, n = os.path.join(directory, name), 0
-    while os.path.exists(path):  # a second writer within the same second
-      n += 1
-      path = os.path.join(directory, f'{name}.{n}')
-    self.path = path
-    self._f: IO[bytes] = open(self.path, 'ab')  # noqa: SIM115
-    self._write(_event(0, now, file_version='brain.Event:2'))
-
-  def _write(self, event: bytes) -> None:
-    self._f.write(_tfrecord(event))
-    self._f.flush()
-
-  def scalars(self, step: int, values: Mapping[str, float]) -> None:
-    if values:
-      self._write(_event(step, time.time(), scalars=values))
-
-  def session_start(self, step: int) -> None:
-    self._write(_event(step, time.time(), session_start=True))
-
-  def close(self) -> None:
-    self._f.close()
-
-
 # ----------------------------------------------------------------- writer
 
 
@@ -327,7 +151,7 @@ class MetricWriter:
     self.path = os.path.join(workdir, JSONL)
     self.enabled = bool(enabled)
     self._jsonl: TextIO | None = None
-    self._tb: _EventFile | None = None
+    self._tb: EventFile | None = None
     self._closed = False
     if not self.enabled:
       return
@@ -335,7 +159,7 @@ class MetricWriter:
     _drop_partial_tail(self.path)
     self._jsonl = open(self.path, 'a', encoding='utf-8')  # noqa: SIM115
     if tensorboard:
-      self._tb = _EventFile(os.path.join(workdir, TENSORBOARD))
+      self._tb = EventFile(os.path.join(workdir, TENSORBOARD))
 
   @property
   def tensorboard_path(self) -> str | None:

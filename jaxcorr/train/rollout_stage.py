@@ -1,5 +1,6 @@
 """Prompts -> scored rollouts: the part of a step shared by the sync loop,
-the async producer and evaluation.
+the async producer and evaluation, and the one place the trainer builds and
+calls the rollout engine (`make_engine`, `driver.generate`).
 
     examples --encode--> prompt ids --driver.generate (JetStream engine)-->
     RolloutBatch --decode responses--> reward functions --> Scored
@@ -25,12 +26,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxcorr.rollout import driver
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.types import RolloutBatch
 from jaxcorr.train import data, text
+from jaxcorr.train.reduction import Metric, Metrics
 from jaxcorr.train.reward_fns import RewardScorer
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.tasks import Example
@@ -44,7 +47,8 @@ class Scored:
     step: the RL step it was sampled for.
     batch: the host `RolloutBatch`.
     rewards: `[B]` float32 sequence rewards.
-    metrics: reward-function metrics and `time/rollout`, `time/reward`.
+    metrics: reward-function metrics and `time/rollout`, `time/reward`,
+      each with how it combines across processes.
     loader_state: the prompt loader's state after drawing this batch (what
       a checkpoint taken after training on it must record).
     version: the policy version that sampled it.
@@ -53,9 +57,26 @@ class Scored:
   step: int
   batch: RolloutBatch
   rewards: np.ndarray
-  metrics: dict[str, float]
+  metrics: Metrics
   loader_state: dict | None = None
   version: int = 0
+
+
+# RewardScorer's counts over the rows; its other metrics are means.
+_REWARD_COUNTS = ('reward/failures', 'reward/timeouts')
+
+
+def make_engine(run: RunConfig, policy: Any, mesh: Any) -> PolicyEngine:
+  """The rollout engine for `policy` (a module) on `mesh`."""
+  r = run.rollout
+  return PolicyEngine(
+    policy,
+    max_concurrent_decodes=r.max_concurrent_decodes,
+    max_prefill_length=r.max_prompt_length,
+    max_target_length=r.max_prompt_length + r.max_new_tokens,
+    mesh=mesh,
+    dtype=jnp.dtype(r.engine_dtype),
+  )
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -135,10 +156,13 @@ class RolloutStage:
     )
     t1 = time.perf_counter()
     answers = [ex.answer for ex in examples for _ in range(n)]
-    rewards, metrics = self.scorer.score(self.responses(batch), answers)
-    metrics = dict(metrics)
-    metrics['time/rollout'] = t1 - t0
-    metrics['time/reward'] = time.perf_counter() - t1
+    rewards, scores = self.scorer.score(self.responses(batch), answers)
+    metrics = {
+      k: Metric.sum(v) if k in _REWARD_COUNTS else Metric.avg(v)
+      for k, v in scores.items()
+    }
+    metrics['time/rollout'] = Metric.avg(t1 - t0)
+    metrics['time/reward'] = Metric.avg(time.perf_counter() - t1)
     return Scored(
       step=step,
       batch=batch,
@@ -147,21 +171,17 @@ class RolloutStage:
       version=self.engine.policy_version,
     )
 
-  def evaluate(
-    self, examples: Sequence[Example], *, step: int
-  ) -> dict[str, float]:
+  def evaluate(self, examples: Sequence[Example], *, step: int) -> Metrics:
     """Greedy decoding on held-out prompts: `eval/reward_mean` and
     `eval/accuracy` (the mean of the first reward function)."""
     if not examples:
       return {}
     scored = self.run_step(examples, step=step, greedy=True)
-    primary = self.scorer.names[0]
-    m = {
-      'eval/reward_mean': float(np.mean(scored.rewards)),
-      'eval/accuracy': float(scored.metrics[f'reward/{primary}/mean']),
-      'eval/response_length': float(
-        np.asarray(scored.batch.response_mask).sum(1).mean()
-      ),
+    primary = scored.metrics[f'reward/{self.scorer.names[0]}/mean']
+    lengths = np.asarray(scored.batch.response_mask).sum(1)
+    return {
+      'eval/reward_mean': Metric.avg(float(np.mean(scored.rewards))),
+      'eval/accuracy': Metric.avg(float(primary.value)),
+      'eval/response_length': Metric.avg(float(lengths.mean())),
       'time/eval': scored.metrics['time/rollout'],
     }
-    return m

@@ -1,0 +1,127 @@
+"""The first jitted function of an RL step: everything the update reads
+that is computed once on the global batch, before it is split.
+
+    old log-probs   decoupled mode: the trainer's forward pass with the
+                    pre-update params (bypass: π_old is μ, skipped)
+    ref log-probs   when a reference KL is configured
+    values          the critic's, when it is enabled
+    rewards         the sequence reward on the last response token, minus
+                    the KL in reward (+ one controller step)
+    advantages      `algorithm.advantage` (and the returns)
+    correction      decoupled mode: the rollout correction's weights and
+                    mask (bypass mode corrects inside the loss)
+
+Forward passes run in micro-batch-sized chunks (`scoring.in_chunks`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxcorr.losses import advantages as adv_lib
+from jaxcorr.losses import correction as corr_lib
+from jaxcorr.losses import masked, rewards
+from jaxcorr.train import scoring
+from jaxcorr.train.batch import TrainBatch
+from jaxcorr.train.run_config import RunConfig
+
+
+def prepare(
+  run: RunConfig,
+  graphdef: Any,
+  critic_graphdef: Any,
+  params: Any,
+  critic_params: Any,
+  kl_ctrl: rewards.KLControllerState,
+  ref_params: Any,
+  batch: TrainBatch,
+) -> tuple[rewards.KLControllerState, TrainBatch, dict[str, jax.Array]]:
+  """(the KL controller after this step, `batch` with the training fields
+  filled, metrics of the global batch)."""
+  alg = run.algorithm
+  sg = jax.lax.stop_gradient
+  mask = batch.response_mask
+  chunks = run.train.mini_batches * run.train.micro_batches
+  metrics: dict[str, jax.Array] = {}
+
+  def logp(p, rows):
+    return scoring.response_logp(run, graphdef, p, rows)
+
+  def values(p, rows):
+    return scoring.critic_values(critic_graphdef, p, rows)
+
+  if run.decoupled:
+    batch = batch.replace(
+      old_logp=sg(scoring.in_chunks(logp, params, batch, chunks))
+    )
+  if run.needs_ref:
+    batch = batch.replace(
+      ref_logp=sg(scoring.in_chunks(logp, ref_params, batch, chunks))
+    )
+  if run.critic.enabled:
+    batch = batch.replace(
+      values=sg(scoring.in_chunks(values, critic_params, batch, chunks))
+    )
+  scores = rewards.place_at_last_token(batch.seq_reward, mask)
+  if alg.kl_in_reward is not None:
+    scores, kl_ctrl, kl_metrics = _kl_in_reward(run, batch, scores, kl_ctrl)
+    metrics.update(kl_metrics)
+  adv, returns = adv_lib.advantages_from_config(
+    alg.advantage, scores, mask, batch.group_ids, values=batch.values
+  )
+  batch = batch.replace(advantages=adv, returns=returns)
+  corr = run.losses.correction
+  if run.decoupled and corr is not None:
+    c = corr_lib.rollout_correction(
+      batch.old_logp, batch.rollout_logp, mask, corr
+    )
+    batch = batch.replace(corr_weights=c.weights, corr_mask=c.mask)
+    metrics.update(c.metrics)
+  metrics.update(_batch_metrics(batch))
+  return kl_ctrl, batch, metrics
+
+
+def _kl_in_reward(
+  run: RunConfig,
+  batch: TrainBatch,
+  scores: jax.Array,
+  kl_ctrl: rewards.KLControllerState,
+) -> tuple[jax.Array, rewards.KLControllerState, dict[str, jax.Array]]:
+  """Token scores minus coef x KL(behaviour ‖ ref), and the controller's
+  next coefficient."""
+  alg = run.algorithm
+  behaviour = batch.old_logp if run.decoupled else batch.rollout_logp
+  scores, _, kl_metrics = rewards.apply_kl_penalty(
+    scores,
+    behaviour,
+    batch.ref_logp,
+    batch.response_mask,
+    kl_ctrl.coef,
+    estimator=alg.kl_penalty,
+  )
+  kl_ctrl = rewards.update_kl_controller(
+    kl_ctrl,
+    kl_metrics[rewards.KL_METRIC],
+    run.rollout.batch_size,
+    alg.kl_in_reward,
+  )
+  return scores, kl_ctrl, kl_metrics
+
+
+def _batch_metrics(batch: TrainBatch) -> dict[str, jax.Array]:
+  mask = batch.response_mask
+  adv = batch.advantages
+  metrics = {
+    'advantages/mean': masked.masked_mean(adv, mask),
+    'advantages/max': masked.masked_max(adv, mask),
+    'advantages/min': masked.masked_min(adv, mask),
+    'returns/mean': masked.masked_mean(batch.returns, mask),
+    'batch/valid_rows': jnp.sum(jnp.any(mask, axis=-1), dtype=jnp.float32),
+    'batch/valid_tokens': jnp.sum(mask, dtype=jnp.float32),
+  }
+  if batch.values is not None:
+    metrics['critic/values_mean'] = masked.masked_mean(batch.values, mask)
+  return metrics

@@ -1,0 +1,150 @@
+"""One RL update on a scored batch: the host side around the two compiled
+functions.
+
+    Scored ─ validate (the rollout contract) ─ rollout metrics, error and
+    staleness checks ─ assemble (drop, pick μ, pad; numpy `TrainBatch`)
+    ─ to_device ─ Steps.prepare ─ Steps.update ─ metrics
+
+Host metrics (`rollout/`, `reward/`, `response_length/`, the reward
+functions') are computed on this process's rows and combined over
+processes by their kinds (`reduction.gather_processes`); device metrics
+are of the global batch already.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from absl import logging
+
+from jaxcorr.rollout.validate import ValidationConfig, validate_rollout_batch
+from jaxcorr.train import batch as batch_lib
+from jaxcorr.train import metrics, reduction
+from jaxcorr.train.reduction import Metric, Metrics
+from jaxcorr.train.rollout_stage import Scored
+from jaxcorr.train.run_config import RunConfig
+from jaxcorr.train.state import TrainState
+from jaxcorr.train.step import Steps
+
+
+class RLStep:
+  """`rl_step(state, ref_params, scored, step)` -> (state, metrics).
+
+  Args:
+    run: the validated run config.
+    steps: the compiled prepare and update.
+    mesh: the trainer's mesh.
+    vocab_size: the policy's vocabulary (rollout validation).
+    batch_shards: devices the rows are split over (padding multiple).
+  """
+
+  def __init__(
+    self,
+    run: RunConfig,
+    steps: Steps,
+    mesh: jax.sharding.Mesh,
+    *,
+    vocab_size: int,
+    batch_shards: int,
+  ):
+    self.run = run
+    self.steps = steps
+    self.mesh = mesh
+    self.vocab_size = vocab_size
+    t = run.train
+    local_shards = max(batch_shards // jax.process_count(), 1)
+    self.row_multiple = t.mini_batches * t.micro_batches * local_shards
+
+  def validation(self, trainer_version: int) -> ValidationConfig:
+    r = self.run.rollout
+    return ValidationConfig(
+      vocab_size=self.vocab_size,
+      temperature=r.temperature,
+      top_k=r.top_k,
+      top_p=r.top_p,
+      min_p=r.min_p,
+      samples_per_prompt=r.samples_per_prompt,
+      needs_rollout_logp=True,
+      logprob_mode=r.logprob_mode,
+      allow_nonfinite_logp=r.allow_nonfinite_logp,
+      trainer_version=trainer_version,
+    )
+
+  def host_metrics(self, scored: Scored, step: int) -> Metrics:
+    """Validate the batch; its rollout metrics (this process's rows).
+    Raises when too many rows are engine ERRORs."""
+    r = self.run.rollout
+    validate_rollout_batch(scored.batch, self.validation(step))
+    host = batch_lib.rollout_metrics(
+      scored.batch,
+      scored.rewards,
+      trainer_version=step,
+      max_staleness=r.max_staleness,
+    )
+    errors = host['rollout/finish_error_fraction'].value
+    if errors > r.max_error_fraction:
+      raise RuntimeError(
+        f'{errors:.1%} of the rollouts are ERROR rows > '
+        f'config.rollout.max_error_fraction={r.max_error_fraction}'
+      )
+    staleness_max = host['rollout/staleness_max'].value
+    if r.max_staleness is not None and staleness_max > r.max_staleness:
+      # Rows above the bound are dropped by `assemble`; with the fixed-lag
+      # producer this never happens, so it is worth a log line.
+      logging.warning('staleness %d > max %d', staleness_max, r.max_staleness)
+    return host
+
+  def assemble(self, scored: Scored, step: int) -> batch_lib.TrainBatch:
+    """This process's rows as a host `TrainBatch`, group ids made global."""
+    r = self.run.rollout
+    batch = batch_lib.assemble(
+      scored.batch,
+      scored.rewards,
+      trainer_version=step,
+      max_staleness=r.max_staleness,
+      logprob_mode=r.logprob_mode,
+      row_multiple=self.row_multiple,
+    )
+    offset = jax.process_index() * batch.rows
+    return batch.replace(group_ids=batch.group_ids + offset)
+
+  def __call__(
+    self, state: TrainState, ref_params: Any, scored: Scored, step: int
+  ) -> tuple[TrainState, dict[str, float]]:
+    rb = scored.batch
+    host = self.host_metrics(scored, step)
+    batch = self.assemble(scored, step)
+    t0 = time.perf_counter()
+    with jax.set_mesh(self.mesh):
+      kl_ctrl, train_batch, prep = self.steps.prepare(
+        state.params,
+        state.critic_params,
+        state.kl_ctrl,
+        ref_params,
+        batch_lib.to_device(self.mesh, batch),
+      )
+      jax.block_until_ready(train_batch)
+      t1 = time.perf_counter()
+      # Same shardings as the update's outputs (a no-op after the first
+      # step), so the update compiles once.
+      state = jax.device_put(
+        state.replace(kl_ctrl=kl_ctrl), self.steps.state_shardings
+      )
+      state, upd = self.steps.update(state, train_batch)
+      device_metrics = metrics.to_host_scalars({**prep, **upd})
+    t2 = time.perf_counter()
+    tokens = int(np.asarray(rb.context_mask).sum())
+    tokens += int(np.asarray(rb.prompt_mask).sum())
+    host = reduction.gather_processes(
+      {**scored.metrics, **host, 'perf/train_tokens': Metric.sum(float(tokens))}
+    )
+    train_tokens = host.pop('perf/train_tokens')  # all processes' tokens
+    out = {**host, **device_metrics}
+    out['time/prepare'] = t1 - t0
+    out['time/update'] = t2 - t1
+    out['rollout/policy_version'] = float(scored.version)
+    out['perf/train_tokens'] = train_tokens
+    return state, out

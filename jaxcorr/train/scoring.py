@@ -1,0 +1,127 @@
+"""Forward passes of the trainer over a `TrainBatch`: log-probs, entropy
+and critic values of the response tokens, and the micro-batch row layout.
+
+A model's output at position i of `concat(prompt, response)` predicts token
+i + 1, so response token t is read at position P + t − 1
+(docs/math/rollout_contract.md §5).
+
+Micro-batch i of n holds rows i, i + n, i + 2n, ... (strided): a contiguous
+row block per device stays a contiguous block per device, so splitting
+never moves data between devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxcorr import sampling
+from jaxcorr.model import token_logprobs
+from jaxcorr.train.batch import TrainBatch
+from jaxcorr.train.run_config import RunConfig
+
+
+def split_micro(tree: Any, n: int) -> Any:
+  """[B, ...] -> [n, B/n, ...], micro-batch i = rows i, i + n, ..."""
+
+  def one(x):
+    return x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1)
+
+  return jax.tree.map(one, tree)
+
+
+def merge_micro(tree: Any) -> Any:
+  """Inverse of `split_micro`."""
+
+  def one(x):
+    x = x.swapaxes(0, 1)
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+  return jax.tree.map(one, tree)
+
+
+def at_response(x: jax.Array, batch: TrainBatch) -> jax.Array:
+  """Per-position outputs `[B, P + T, ...]` of `concat(prompt, response)`
+  -> those predicting response token t, read at position P + t − 1
+  (docs/math/rollout_contract.md §5): `[B, T, ...]`."""
+  t = batch.response_mask.shape[1]
+  p = batch.tokens.shape[1] - t
+  return x[:, p - 1 : p - 1 + t]
+
+
+def response_logp(
+  run: RunConfig,
+  graphdef: Any,
+  params: Any,
+  batch: TrainBatch,
+  *,
+  entropy: bool = False,
+) -> Any:
+  """log π(response token t) `[B, T]` (and the entropy `[B, T]`) under
+  `rollout.logprob_mode`."""
+  model = nnx.merge(graphdef, params)
+  if run.rollout.logprob_mode == 'truncated':
+    return _truncated_logp(model, batch, entropy)
+  out = token_logprobs(
+    model,
+    batch.tokens,
+    temperature=batch.temperature,
+    segment_ids=batch.segment_ids,
+    return_entropy=entropy,
+    chunk_size=run.model.logprob_chunk,
+  )
+  if entropy:
+    return at_response(out[0], batch), at_response(out[1], batch)
+  return at_response(out, batch)
+
+
+def _truncated_logp(model: Any, batch: TrainBatch, entropy: bool) -> Any:
+  """docs/math/rollout_contract.md §2 'truncated': the engine's rule on the
+  trainer's logits, over K' = K_θ ∪ {y_t} (a constant set), with full-vocabulary
+  logits."""
+  logits = model(batch.tokens, segment_ids=batch.segment_ids)
+  logits = at_response(logits, batch)
+  p = batch.tokens.shape[1] - batch.response_mask.shape[1]
+  y = batch.tokens[:, p:]
+  row = lambda x: x[:, None]  # noqa: E731  [B] -> [B, 1] per position
+  temperature = row(batch.temperature)
+  keep = sampling.support(
+    jax.lax.stop_gradient(logits),
+    temperature,
+    row(batch.top_k),
+    row(batch.top_p),
+    row(batch.min_p),
+  )
+  keep = keep | jax.nn.one_hot(y, logits.shape[-1], dtype=bool)
+  _, trunc = sampling.token_logprobs(logits, y, temperature, keep)
+  if not entropy:
+    return trunc
+  z = sampling.scaled_logits(logits, temperature)
+  logp_all = jax.nn.log_softmax(z, axis=-1)
+  finite = jnp.isfinite(logp_all)
+  ent = -jnp.sum(jnp.where(finite, jnp.exp(logp_all) * logp_all, 0.0), axis=-1)
+  return trunc, ent
+
+
+def critic_values(graphdef: Any, params: Any, batch: TrainBatch) -> jax.Array:
+  """V(state before response token t), `[B, T]` float32."""
+  critic = nnx.merge(graphdef, params)
+  v = critic(batch.tokens, segment_ids=batch.segment_ids)
+  return at_response(v, batch)
+
+
+def in_chunks(
+  fn: Callable[[Any, TrainBatch], jax.Array],
+  params: Any,
+  batch: TrainBatch,
+  n: int,
+) -> jax.Array:
+  """`fn(params, rows)` over the batch in n micro-batch-sized chunks (the
+  memory the update needs, not the whole batch's)."""
+  rows = split_micro(batch.for_scoring(), n)
+  out = jax.lax.map(lambda r: fn(params, r), rows)
+  return merge_micro(out)

@@ -1,0 +1,228 @@
+"""Run set-up: devices and meshes, the policy, the optimizer state and the
+compiled steps, the prompt loaders.
+
+    split_devices ─ Meshes (trainer mesh, engine mesh)
+    build_policy  ─ Policy (scratch `model_config` or a HF checkpoint)
+    build_learner ─ TrainState (+ critic, KL controller) and `Steps`
+    build_prompts ─ Prompts (RL loader, SFT loader, held-out examples)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxcorr import sharding
+from jaxcorr.losses import rewards
+from jaxcorr.model import Transformer, TransformerConfig, load_hf
+from jaxcorr.train import data
+from jaxcorr.train import run_config as run_lib
+from jaxcorr.train.critic import ValueModel
+from jaxcorr.train.state import TrainState, make_optimizer
+from jaxcorr.train.step import Steps
+from jaxcorr.train.tasks import Example
+
+
+def model_config(run: run_lib.RunConfig) -> TransformerConfig:
+  """The scratch model's `TransformerConfig` (HF models bring their own)."""
+  m = run.model
+  return TransformerConfig(
+    vocab_size=m.vocab_size,
+    hidden_size=m.hidden_size,
+    intermediate_size=m.intermediate_size,
+    num_layers=m.num_layers,
+    num_heads=m.num_heads,
+    num_kv_heads=m.num_kv_heads,
+    tie_embeddings=m.tie_embeddings,
+    rope_theta=m.rope_theta,
+    max_position_embeddings=m.max_position_embeddings,
+    initializer_range=m.initializer_range,
+    dtype=m.dtype,
+    param_dtype=m.param_dtype,
+    remat=m.remat,
+    scan_layers=m.scan_layers,
+  )
+
+
+# ------------------------------------------------------------- devices
+
+
+def split_devices(
+  run: run_lib.RunConfig, devices: list[Any]
+) -> tuple[list[Any], list[Any] | None]:
+  """(trainer devices, rollout devices or None = shared)."""
+  k = run.rollout.rollout_devices if run.rollout.mode == 'async' else 0
+  if k == 0:
+    return devices, None
+  if k >= len(devices):
+    raise ValueError(
+      f'config.rollout.rollout_devices={k}: must leave the trainer at least '
+      f'one of the {len(devices)} devices'
+    )
+  return devices[:-k], devices[-k:]
+
+
+@dataclasses.dataclass(frozen=True)
+class Meshes:
+  """The trainer's mesh and the rollout engine's (the same one when the
+  engine shares the trainer's devices)."""
+
+  train: jax.sharding.Mesh
+  rollout: jax.sharding.Mesh
+
+  @property
+  def batch_shards(self) -> int:
+    """Devices the batch's rows are split over (data x fsdp)."""
+    return self.train.shape['data'] * self.train.shape['fsdp']
+
+
+def make_meshes(run: run_lib.RunConfig) -> Meshes:
+  process_count = jax.process_count()
+  if process_count > 1 and run.rollout.rollout_devices:
+    raise ValueError(
+      'config.rollout.rollout_devices must be 0 with several processes: '
+      'each host samples on its own devices (sub-meshes per host are not '
+      'implemented yet)'
+    )
+  train_devices, rollout_devices = split_devices(run, jax.devices())
+  mesh = sharding.make_mesh(run.mesh, devices=train_devices)
+  if rollout_devices is None and process_count > 1:
+    # Each host samples its own prompts, so its engine must run on its
+    # own devices: a global engine mesh would need every host to issue
+    # the same prefill/decode sequence.
+    here = jax.process_index()
+    rollout_devices = [d for d in train_devices if d.process_index == here]
+  if rollout_devices is None:
+    return Meshes(mesh, mesh)
+  rollout = sharding.make_mesh(
+    sharding.MeshConfig(1, -1, 1), devices=rollout_devices
+  )
+  return Meshes(mesh, rollout)
+
+
+# -------------------------------------------------------------- models
+
+
+@dataclasses.dataclass
+class Policy:
+  """The policy module, its split form and its parameter shardings."""
+
+  module: Transformer
+  config: TransformerConfig
+  graphdef: Any
+  param_shardings: Any
+
+
+def build_policy(run: run_lib.RunConfig, mesh: jax.sharding.Mesh) -> Policy:
+  if run.model.hf_path:
+    module = load_hf(
+      run.model.hf_path,
+      mesh=mesh,
+      param_dtype=run.model.param_dtype,
+      dtype=run.model.dtype,
+      remat=run.model.remat,
+      scan_layers=run.model.scan_layers,
+    )
+    cfg = module.config
+  else:
+    cfg, seed = model_config(run), run.model.init_seed
+    module = sharding.init_sharded(
+      lambda: Transformer(cfg, rngs=nnx.Rngs(seed)), mesh
+    )
+  graphdef, params = nnx.split(module)
+  return Policy(module, cfg, graphdef, sharding.param_shardings(params, mesh))
+
+
+def build_learner(
+  run: run_lib.RunConfig, policy: Policy, mesh: jax.sharding.Mesh
+) -> tuple[TrainState, Steps]:
+  """The initial `TrainState` (policy, optimizer, KL controller, RNG and,
+  when enabled, the critic) and the run's compiled `Steps`."""
+  t = run.train
+  updates = t.num_steps * t.ppo_epochs * t.mini_batches
+  tx, schedule = make_optimizer(run.optim, run.optim.learning_rate, updates)
+  params = nnx.state(policy.module)
+  critic_params = critic_opt = critic_tx = critic_graphdef = None
+  if run.critic.enabled:
+    cfg, seed = policy.config, run.model.init_seed + 1
+    critic = sharding.init_sharded(
+      lambda: ValueModel(cfg, rngs=nnx.Rngs(seed)), mesh
+    )
+    critic_graphdef, critic_params = nnx.split(critic)
+    critic_tx, _ = make_optimizer(run.optim, run.critic.learning_rate, updates)
+  kl_cfg = run.algorithm.kl_in_reward
+  kl_ctrl = (
+    rewards.init_kl_controller(kl_cfg)
+    if kl_cfg is not None
+    else rewards.KLControllerState(coef=jnp.zeros((), jnp.float32))
+  )
+  with jax.set_mesh(mesh):
+    opt_state = jax.jit(tx.init)(params)
+    if critic_params is not None:
+      critic_opt = jax.jit(critic_tx.init)(critic_params)
+  rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  state = TrainState(
+    params=params,
+    opt_state=opt_state,
+    kl_ctrl=jax.device_put(kl_ctrl, rep),
+    rng=jax.device_put(jax.random.PRNGKey(t.seed), rep),
+    updates=jax.device_put(jnp.zeros((), jnp.int32), rep),
+    critic_params=critic_params,
+    critic_opt_state=critic_opt,
+  )
+  steps = Steps(
+    run,
+    policy.graphdef,
+    tx,
+    schedule,
+    critic_graphdef=critic_graphdef,
+    critic_tx=critic_tx,
+    state_shardings=jax.tree.map(lambda x: x.sharding, state),
+  )
+  return state, steps
+
+
+# ---------------------------------------------------------------- data
+
+
+@dataclasses.dataclass
+class Prompts:
+  """The RL prompt stream, the SFT one and this process's held-out share."""
+
+  loader: data.PromptLoader
+  sft_loader: data.PromptLoader
+  eval_examples: list[Example]
+
+
+def build_prompts(run: run_lib.RunConfig) -> Prompts:
+  d = run.data
+  source = data.make_source(d)
+  index, count = jax.process_index(), jax.process_count()
+  local = dict(process_index=index, process_count=count, shuffle=d.shuffle)
+  loader = data.PromptLoader(
+    source,
+    batch_size=run.rollout.prompts_per_step,
+    seed=run.train.seed,
+    **local,
+  )
+  # SFT draws from its own stream (seed + 1) so the RL data order does
+  # not depend on the number of warm-up steps.
+  sft_loader = data.PromptLoader(
+    source,
+    batch_size=run.train.sft_batch_size,
+    seed=run.train.seed + 1,
+    **local,
+  )
+  # Held-out prompts: data.make_eval_source, else the first training ones.
+  eval_source = data.make_eval_source(d) or source
+  n = min(run.train.eval_prompts, len(eval_source))
+  n -= n % count
+  share = n // max(count, 1)
+  lo = index * share
+  return Prompts(
+    loader, sft_loader, [eval_source[i] for i in range(lo, lo + share)]
+  )

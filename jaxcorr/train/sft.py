@@ -1,0 +1,152 @@
+"""SFT warm-up: cross-entropy on prompt -> answer rows before RL.
+
+A policy from scratch never earns a reward, so GRPO's advantages are all
+zero: `train.sft_steps` steps of supervised learning on the task's answers
+(their own learning rate `optim.sft_learning_rate` and optimizer state)
+give RL something to improve. The SFT prompt stream is its own
+(`setup.build_prompts`), so the RL data order does not depend on it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxcorr.model import token_logprobs
+from jaxcorr.train import batch as batch_lib
+from jaxcorr.train import metrics
+from jaxcorr.train.data import PromptLoader
+from jaxcorr.train.run_config import RunConfig
+from jaxcorr.train.state import apply_updates, make_optimizer
+from jaxcorr.train.tasks import Example
+from jaxcorr.train.weights import copy_tree
+
+# Steps between two SFT progress lines.
+_LOG_EVERY = 50
+
+
+@flax.struct.dataclass
+class SFTBatch:
+  """prompt + answer + EOS rows, right-padded to S = P + T positions."""
+
+  tokens: Any  # [B, S] int32
+  segment_ids: Any  # [B, S] int32: 1 on real tokens
+  loss_mask: Any  # [B, S - 1] bool: positions that predict answer tokens
+
+
+def sft_batch(
+  run: RunConfig,
+  tokenizer: Any,
+  encode: Callable[[Sequence[Example]], list[list[int]]],
+  examples: Sequence[Example],
+) -> SFTBatch:
+  """The rows of `examples`: the encoded prompt, then the answer and EOS
+  (cut at `rollout.max_new_tokens`), whose predictions the loss reads."""
+  r = run.rollout
+  s = r.max_prompt_length + r.max_new_tokens
+  b = len(examples)
+  tokens = np.zeros((b, s), np.int32)
+  loss_mask = np.zeros((b, s - 1), bool)
+  seg = np.zeros((b, s), np.int32)
+  for i, (ex, p) in enumerate(zip(examples, encode(examples))):
+    a = [*tokenizer.encode(ex.answer, bos=False), tokenizer.eos_id]
+    row = p + a[: r.max_new_tokens]
+    tokens[i, : len(row)] = row
+    loss_mask[i, len(p) - 1 : len(row) - 1] = True
+    seg[i, : len(row)] = 1
+  return SFTBatch(tokens=tokens, segment_ids=seg, loss_mask=loss_mask)
+
+
+class SFTStep:
+  """The jitted cross-entropy step on an `SFTBatch`."""
+
+  def __init__(
+    self,
+    graphdef: Any,
+    tx: optax.GradientTransformation,
+    *,
+    chunk: int = 128,
+    param_shardings: Any = None,
+  ):
+    self.graphdef = graphdef
+    self.tx = tx
+    self.chunk = chunk
+    self.param_shardings = param_shardings
+    self.step = jax.jit(self._step, donate_argnums=(0, 1))
+
+  def loss(self, params: Any, batch: SFTBatch) -> tuple[jax.Array, dict]:
+    model = nnx.merge(self.graphdef, params)
+    logp = token_logprobs(
+      model,
+      batch.tokens,
+      segment_ids=batch.segment_ids,
+      chunk_size=self.chunk,
+    )
+    m = batch.loss_mask
+    n = jnp.maximum(jnp.sum(m, dtype=jnp.float32), 1.0)
+    nll = -jnp.sum(jnp.where(m, logp, 0.0)) / n
+    # Sequence accuracy under teacher forcing would need the argmax of the
+    # logits; the mean token probability is cheap.
+    return nll, {
+      'sft/loss': nll,
+      'sft/token_prob': jnp.sum(jnp.where(m, jnp.exp(logp), 0.0)) / n,
+    }
+
+  def _step(self, params, opt_state, batch: SFTBatch):
+    (_, metrics), grads = jax.value_and_grad(self.loss, has_aux=True)(
+      params, batch
+    )
+    metrics['sft/grad_norm'] = optax.tree.norm(grads)
+    params, opt_state = apply_updates(
+      self.tx, grads, opt_state, params, self.param_shardings
+    )
+    return params, opt_state, metrics
+
+
+def run_sft(
+  run: RunConfig,
+  graphdef: Any,
+  params: Any,
+  *,
+  loader: PromptLoader,
+  rows: Callable[[Sequence[Example]], SFTBatch],
+  mesh: jax.sharding.Mesh,
+  batch_shards: int,
+  param_shardings: Any = None,
+) -> Any:
+  """`train.sft_steps` steps from `params` (not modified: the warm-up
+  trains a copy); returns the trained params."""
+  n = run.train.sft_steps
+  tx, _ = make_optimizer(run.optim, run.optim.sft_learning_rate, n)
+  sft = SFTStep(
+    graphdef,
+    tx,
+    chunk=run.model.logprob_chunk,
+    param_shardings=param_shardings,
+  )
+  params = copy_tree(params)
+  with jax.set_mesh(mesh):
+    opt_state = jax.jit(tx.init)(params)
+  progress = metrics.ProgressLine(n, keys=('sft/loss', 'sft/token_prob'))
+  t_prev = time.perf_counter()
+  for i in range(n):
+    batch = rows(loader.next_batch())
+    size = batch_lib.padded_size(batch.tokens.shape[0], batch_shards)
+    batch = batch_lib.pad_rows(batch, size)
+    with jax.set_mesh(mesh):
+      device = batch_lib.to_device(mesh, batch)
+      params, opt_state, m = sft.step(params, opt_state, device)
+    if (i + 1) % _LOG_EVERY == 0 or i + 1 == n:
+      host = metrics.to_host_scalars(m)
+      now = time.perf_counter()
+      progress.update(i + 1, host, (now - t_prev) / _LOG_EVERY)
+      t_prev = now
+  return params

@@ -1,0 +1,49 @@
+"""Copies of the policy's weights that outlive the update's donation: for
+the rollout engine (cast and int8 fake-quantised as configured), the frozen
+reference policy and the SFT warm-up's starting point."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxcorr.train.run_config import RunConfig
+
+
+def _copy_tree(tree: Any) -> Any:
+  return jax.tree.map(jnp.copy, tree)
+
+
+copy_tree = jax.jit(_copy_tree)
+"""A device copy of a pytree of arrays (jitted: one dispatch)."""
+
+
+def fake_quant_int8(x: jax.Array) -> jax.Array:
+  """Per-row symmetric int8 quantise + dequantise of a weight matrix
+  (vectors such as norm scales and biases stay exact)."""
+  if x.ndim < 2 or not jnp.issubdtype(x.dtype, jnp.floating):
+    return jnp.copy(x)
+  scale = jnp.max(jnp.abs(x), axis=-1, keepdims=True) / 127.0
+  scale = jnp.where(scale > 0, scale, 1.0)
+  return (jnp.clip(jnp.round(x / scale), -127, 127) * scale).astype(x.dtype)
+
+
+_quantize = jax.jit(lambda tree: jax.tree.map(fake_quant_int8, tree))
+
+
+def engine_params(run: RunConfig, params: Any) -> Any:
+  """A copy of `params` for the engine (one that later donations cannot
+  invalidate), int8-quantised if `rollout.engine_quant` says so."""
+  if run.rollout.engine_quant == 'int8':
+    params = _quantize(params)
+  else:
+    params = copy_tree(params)
+  if jax.process_count() > 1:
+    # Each host's engine runs on its own devices: gather the full weights
+    # (through the host; fine for the models a per-host engine can hold).
+    from jax.experimental import multihost_utils
+
+    params = multihost_utils.process_allgather(params, tiled=True)
+  return params
