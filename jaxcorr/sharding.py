@@ -27,7 +27,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
@@ -205,48 +204,9 @@ def param_shardings(state: Any, mesh: Mesh) -> Any:
   return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def opt_state_shardings(
-  tx: Any, opt_state: Any, params_shardings: Any, mesh: Mesh
-) -> Any:
-  """Shardings for an optax state: each copy of the param tree inside it (Adam
-  moments, ...) is sharded like the params, everything else (step counts,
-  scalars) replicated. `opt_state` may be abstract (`jax.eval_shape`).
-  """
-  import optax  # optional here: only trainers need it
-
-  replicated = NamedSharding(mesh, PartitionSpec())
-  return optax.tree_map_params(
-    tx,
-    lambda _, s: s,
-    opt_state,
-    params_shardings,
-    transform_non_params=lambda _: replicated,
-    is_leaf=lambda x: isinstance(x, nnx.Variable),
-  )
-
-
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
   """Batch-major arrays ([B, ...]): rows over `data` x `fsdp`."""
   return logical_sharding(('batch',) + (None,) * (ndim - 1), mesh)
-
-
-def shard_batch(batch: Any, mesh: Mesh) -> Any:
-  """`device_put` every array of a batch pytree with `batch_sharding`.
-
-  Rows must divide by data x fsdp; a batch that does not is an input error,
-  so it raises instead of silently replicating.
-  """
-  n = math.prod(mesh.shape[a] for a in ('data', 'fsdp'))
-
-  def put(x):
-    x = np.asarray(x) if not isinstance(x, jax.Array) else x
-    if x.ndim == 0:
-      return jax.device_put(x, NamedSharding(mesh, PartitionSpec()))
-    if x.shape[0] % n:
-      raise ValueError(f'batch of {x.shape[0]} rows does not split over {n}')
-    return jax.device_put(x, batch_sharding(mesh, x.ndim))
-
-  return jax.tree.map(put, batch)
 
 
 def init_sharded(make_model, mesh: Mesh):
