@@ -30,6 +30,8 @@ import jax
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from jaxcorr.config.fields import Invalid, fail, setting, validate
+
 MESH_AXES = ('data', 'fsdp', 'tensor')
 
 LogicalAxes = tuple[str | None, ...]
@@ -57,13 +59,35 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 """Logical axis -> mesh axis (or axes, or None = replicated)."""
 
 
+def _axis(value: Any, path: str) -> int:
+  if isinstance(value, bool) or not isinstance(value, int):
+    raise Invalid('a positive int or -1')
+  if not (value == -1 or value >= 1):
+    raise Invalid('a positive int or -1')
+  return value
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """Mesh axis sizes; exactly one may be -1, meaning "all the rest"."""
+  """Mesh axis sizes; at most one may be -1, meaning "all the rest"."""
 
-  data: int = 1
-  fsdp: int = -1
-  tensor: int = 1
+  data: int = setting(
+    1, _axis, 'Pure data parallelism (params replicated along it).'
+  )
+  fsdp: int = setting(
+    -1,
+    _axis,
+    'Data parallelism with params and optimizer state sharded (ZeRO-3).',
+  )
+  tensor: int = setting(
+    1, _axis, 'Tensor (model) parallelism over heads and the MLP width.'
+  )
+
+  def __post_init__(self):
+    path = validate(self)
+    sizes = {a: getattr(self, a) for a in MESH_AXES}
+    if list(sizes.values()).count(-1) > 1:
+      fail(path, sizes, 'at most one axis of size -1')
 
   @classmethod
   def from_any(cls, config: Any) -> MeshConfig:
@@ -82,10 +106,6 @@ class MeshConfig:
   def shape(self, num_devices: int) -> tuple[int, int, int]:
     """The (data, fsdp, tensor) sizes on `num_devices` devices."""
     sizes = [self.data, self.fsdp, self.tensor]
-    if sizes.count(-1) > 1:
-      raise ValueError(f'at most one mesh axis may be -1: {self}')
-    if any(s == 0 or s < -1 for s in sizes):
-      raise ValueError(f'mesh axis sizes must be positive or -1: {self}')
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
       if num_devices % known:
