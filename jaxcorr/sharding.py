@@ -60,9 +60,9 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 
 
 def _axis(value: Any, path: str) -> int:
-  if isinstance(value, bool) or not isinstance(value, int):
-    raise Invalid('a positive int or -1')
-  if not (value == -1 or value >= 1):
+  """A mesh axis size: a positive int, or -1 for "all the rest"."""
+  is_int = isinstance(value, int) and not isinstance(value, bool)
+  if not (is_int and (value == -1 or value >= 1)):
     raise Invalid('a positive int or -1')
   return value
 

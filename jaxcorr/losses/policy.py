@@ -27,8 +27,16 @@ prime       −keep·τ_A·A·ρ_μ + τ_KL·(logp − rollout_logp)²   token_m
 ==========  ==============================================  ===============
 
 The formulas live in `policy_ppo` (ratio/clip family) and `policy_pg`
-(REINFORCE family); this module holds the tables, the knob checks and the
-dispatcher that checks, promotes, sanitises and stop-gradients the inputs.
+(REINFORCE family), the knobs in `policy_base.PolicyKnobs`; this module holds
+the registry (one `PolicyLoss` entry per loss), the knob checks of a mapping
+and the dispatcher that checks, promotes, sanitises and stop-gradients the
+inputs.
+
+Adding a loss: its function `(LossInputs, PolicyKnobs) -> (ℓ, metrics)` in
+`policy_ppo` or `policy_pg`, one `LOSSES` entry here (natural aggregation,
+which log-prob it reads, whether it takes IS weights, required knobs), and
+each new knob as one `setting` of `PolicyKnobs`. `config.actor`,
+`ActorLossConfig`, validation and the error messages follow from those.
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ class KLControlConfig:
   )
   horizon: int = setting(
     10000,
-    number(0, finite=False, allowed='a number >= 0'),
+    number(0, allowed='a number >= 0'),
     'adaptive: sequences over which β moves by up to a factor e^{±0.2} '
     '(> 0; at start-up 0.2·batch_size/horizon must stay below 1).',
   )
