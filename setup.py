@@ -21,7 +21,6 @@ setup(
     'flax>=0.11',
     'optax>=0.2',
     'orbax-checkpoint>=0.11',
-    'chex>=0.1.89',
     'ml-collections>=1.0',
     'google-jetstream==0.2.2',
     'numpy>=1.26',

@@ -1,10 +1,12 @@
 """The `algorithm` config section: advantages and KL in reward.
 
-`docs/math/advantages.md` §2, §7, §8. `configs/base.py` assigns
-`config.algorithm = algorithm_section()`; `jaxcorr.algorithm_config.build`
-turns it into the frozen `AlgorithmConfig` at start-up and validates every
-field there (a `ValueError` naming `config.algorithm.<field>`, the value and
-the allowed values).
+`docs/math/advantages.md` §2, §7, §8. The fields are declared once, on
+`AdvantageConfig` (`jaxcorr/losses/advantages.py`), `KLControlConfig`
+(`jaxcorr/losses/rewards.py`) and `AlgorithmConfig.kl_penalty`
+(`jaxcorr/train/run_config.py`); `configs/base.py` assigns
+`config.algorithm = algorithm_section()`, and `jaxcorr.config.convert`
+turns it back into the frozen `AlgorithmConfig` at start-up (a `ValueError`
+naming `config.algorithm.<field>`, the value and the allowed values).
 
 Recipes (docs/math/advantages.md §5)::
 
@@ -21,44 +23,6 @@ Recipes (docs/math/advantages.md §5)::
 
 from __future__ import annotations
 
-import ml_collections
+from jaxcorr.config.convert import algorithm_section
 
-
-def kl_in_reward_section() -> ml_collections.ConfigDict:
-  """`KLControlConfig` fields plus `enabled` (verl defaults,
-  docs/math/advantages.md §8)."""
-  k = ml_collections.ConfigDict()
-  # False: no KL in reward (AlgorithmConfig.kl_in_reward is None).
-  k.enabled = False
-  # Controller: 'fixed' (β constant) or 'adaptive' (β steered to target_kl).
-  k.type = 'fixed'
-  # Initial β >= 0 of token_rewards = scores − β·kl.
-  k.kl_coef = 0.001
-  # adaptive: the per-token KL to steer to (> 0).
-  k.target_kl = 0.1
-  # adaptive: sequences over which β moves by up to a factor e^{±0.2} (> 0;
-  # at start-up 0.2·batch_size/horizon must stay below 1).
-  k.horizon = 10000
-  return k
-
-
-def algorithm_section() -> ml_collections.ConfigDict:
-  """`AdvantageConfig` fields, the KL-in-reward estimator and controller."""
-  a = ml_collections.ConfigDict()
-  # Advantage estimator: gae, grpo, rloo, reinforce_plus_plus,
-  # reinforce_plus_plus_baseline, remax, opo, gpg, grpo_passk, maxrl.
-  a.estimator = 'grpo'
-  # Discount γ in [0, 1] (gae, reinforce_plus_plus).
-  a.gamma = 1.0
-  # GAE λ in [0, 1] (gae).
-  a.lam = 1.0
-  # Divide by the group std (grpo, grpo_passk); False with grpo = Dr.GRPO.
-  a.norm_adv_by_std = True
-  # ε >= 0 added to the group std (grpo, grpo_passk) or mean (maxrl).
-  a.eps = 1e-6
-  # KL-in-reward estimator: kl (k1), abs, mse (k2), low_var_kl (k3), or any
-  # of them with a trailing + (docs/math/losses.md §3).
-  a.kl_penalty = 'kl'
-  # KL in reward and its controller; enabled=False turns it off.
-  a.kl_in_reward = kl_in_reward_section()
-  return a
+__all__ = ['algorithm_section']

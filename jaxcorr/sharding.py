@@ -27,9 +27,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from jaxcorr.config.fields import Invalid, fail, setting, validate
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
 
@@ -58,13 +59,35 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 """Logical axis -> mesh axis (or axes, or None = replicated)."""
 
 
+def _axis(value: Any, path: str) -> int:
+  """A mesh axis size: a positive int, or -1 for "all the rest"."""
+  is_int = isinstance(value, int) and not isinstance(value, bool)
+  if not (is_int and (value == -1 or value >= 1)):
+    raise Invalid('a positive int or -1')
+  return value
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """Mesh axis sizes; exactly one may be -1, meaning "all the rest"."""
+  """Mesh axis sizes; at most one may be -1, meaning "all the rest"."""
 
-  data: int = 1
-  fsdp: int = -1
-  tensor: int = 1
+  data: int = setting(
+    1, _axis, 'Pure data parallelism (params replicated along it).'
+  )
+  fsdp: int = setting(
+    -1,
+    _axis,
+    'Data parallelism with params and optimizer state sharded (ZeRO-3).',
+  )
+  tensor: int = setting(
+    1, _axis, 'Tensor (model) parallelism over heads and the MLP width.'
+  )
+
+  def __post_init__(self):
+    path = validate(self)
+    sizes = {a: getattr(self, a) for a in MESH_AXES}
+    if list(sizes.values()).count(-1) > 1:
+      fail(path, sizes, 'at most one axis of size -1')
 
   @classmethod
   def from_any(cls, config: Any) -> MeshConfig:
@@ -83,10 +106,6 @@ class MeshConfig:
   def shape(self, num_devices: int) -> tuple[int, int, int]:
     """The (data, fsdp, tensor) sizes on `num_devices` devices."""
     sizes = [self.data, self.fsdp, self.tensor]
-    if sizes.count(-1) > 1:
-      raise ValueError(f'at most one mesh axis may be -1: {self}')
-    if any(s == 0 or s < -1 for s in sizes):
-      raise ValueError(f'mesh axis sizes must be positive or -1: {self}')
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
       if num_devices % known:
@@ -205,48 +224,9 @@ def param_shardings(state: Any, mesh: Mesh) -> Any:
   return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def opt_state_shardings(
-  tx: Any, opt_state: Any, params_shardings: Any, mesh: Mesh
-) -> Any:
-  """Shardings for an optax state: each copy of the param tree inside it (Adam
-  moments, ...) is sharded like the params, everything else (step counts,
-  scalars) replicated. `opt_state` may be abstract (`jax.eval_shape`).
-  """
-  import optax  # optional here: only trainers need it
-
-  replicated = NamedSharding(mesh, PartitionSpec())
-  return optax.tree_map_params(
-    tx,
-    lambda _, s: s,
-    opt_state,
-    params_shardings,
-    transform_non_params=lambda _: replicated,
-    is_leaf=lambda x: isinstance(x, nnx.Variable),
-  )
-
-
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
   """Batch-major arrays ([B, ...]): rows over `data` x `fsdp`."""
   return logical_sharding(('batch',) + (None,) * (ndim - 1), mesh)
-
-
-def shard_batch(batch: Any, mesh: Mesh) -> Any:
-  """`device_put` every array of a batch pytree with `batch_sharding`.
-
-  Rows must divide by data x fsdp; a batch that does not is an input error,
-  so it raises instead of silently replicating.
-  """
-  n = math.prod(mesh.shape[a] for a in ('data', 'fsdp'))
-
-  def put(x):
-    x = np.asarray(x) if not isinstance(x, jax.Array) else x
-    if x.ndim == 0:
-      return jax.device_put(x, NamedSharding(mesh, PartitionSpec()))
-    if x.shape[0] % n:
-      raise ValueError(f'batch of {x.shape[0]} rows does not split over {n}')
-    return jax.device_put(x, batch_sharding(mesh, x.ndim))
-
-  return jax.tree.map(put, batch)
 
 
 def init_sharded(make_model, mesh: Mesh):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxcorr import sharding
 from jaxcorr.model import (
   Transformer,
   TransformerConfig,
@@ -118,3 +123,38 @@ def with_config(model: Transformer, **changes) -> Transformer:
   for p, var in nnx.to_flat_state(nnx.state(out, nnx.Param)):
     var.set_value(values[tuple(p)].astype(cfg.param_dtype))
   return out
+
+
+def shard_batch(batch, mesh):
+  """`device_put` every array of a batch pytree with `batch_sharding`.
+
+  Rows must divide by data x fsdp; a batch that does not is an input error,
+  so it raises instead of silently replicating.
+  """
+  n = math.prod(mesh.shape[a] for a in ('data', 'fsdp'))
+
+  def put(x):
+    x = np.asarray(x) if not isinstance(x, jax.Array) else x
+    if x.ndim == 0:
+      return jax.device_put(x, NamedSharding(mesh, PartitionSpec()))
+    if x.shape[0] % n:
+      raise ValueError(f'batch of {x.shape[0]} rows does not split over {n}')
+    return jax.device_put(x, sharding.batch_sharding(mesh, x.ndim))
+
+  return jax.tree.map(put, batch)
+
+
+def opt_state_shardings(tx, opt_state, params_shardings, mesh):
+  """Shardings for an optax state: each copy of the param tree inside it (Adam
+  moments, ...) is sharded like the params, everything else (step counts,
+  scalars) replicated. `opt_state` may be abstract (`jax.eval_shape`).
+  """
+  replicated = NamedSharding(mesh, PartitionSpec())
+  return optax.tree_map_params(
+    tx,
+    lambda _, s: s,
+    opt_state,
+    params_shardings,
+    transform_non_params=lambda _: replicated,
+    is_leaf=lambda x: isinstance(x, nnx.Variable),
+  )

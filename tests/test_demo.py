@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from configs import base as base_config
-from jaxcorr import demo, loss_config
+from jaxcorr import demo
+from jaxcorr.config import convert
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -31,7 +32,7 @@ def test_simulated_batch_is_consistent(mismatch):
 )
 def test_step_is_finite_and_corrects(preset):
   batch = demo.simulate(jax.random.key(1), 'bf16', 16, 24, 32)
-  cfgs = loss_config.build(base_config.get_config(preset))
+  cfgs = convert.losses(base_config.get_config(preset))
   loss, gnorm, metrics = demo.make_step(cfgs.actor, cfgs.correction)(batch)
   assert np.isfinite(loss) and np.isfinite(gnorm) and gnorm > 0
   assert all(np.isfinite(v) for v in metrics.values())

@@ -18,6 +18,7 @@ from model_testing import (
   forward,
   random_model,
   random_tokens,
+  shard_batch,
   stack_layers,
   tiny_config,
 )
@@ -128,7 +129,7 @@ def test_load_places_params_in_their_shardings(checkpoint, scan, tmp_path):
   _assert_same_params(model, loaded)
   tokens = random_tokens(2, 12)
   with jax.set_mesh(mesh):
-    logits = forward(loaded, sh.shard_batch(tokens, mesh))
+    logits = forward(loaded, shard_batch(tokens, mesh))
   np.testing.assert_allclose(logits, forward(model, tokens), atol=2e-5)
   # And back out: save_hf gathers the shards.
   save_hf(loaded, tmp_path)

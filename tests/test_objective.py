@@ -22,7 +22,7 @@ import pytest
 import golden_data as gd
 from configs import base as base_config
 from configs import presets
-from jaxcorr import loss_config
+from jaxcorr.config import convert
 from jaxcorr.losses import aggregate as agg_lib
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective as obj
@@ -56,7 +56,7 @@ def _grad_logp(cfg, corr_cfg, logp, *, jit=False, **kw):
 
 def _preset(name):
   """(ActorLossConfig, CorrectionConfig | None) of a jaxcorr preset."""
-  return loss_config.build(base_config.get_config(name))
+  return convert.losses(base_config.get_config(name))
 
 
 # =================================================================== verl
@@ -744,9 +744,9 @@ def test_slime_e2e_mis_d5_divergence():
         jnp.asarray(row),
         is_weights=corr.weights,
         agg='token_sum',
-        clip_ratio_low=0.2,
-        clip_ratio_high=0.28,
-        clip_ratio_c=None,
+        knobs=pol.PolicyKnobs(
+          clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None
+        ),
       )[0]
     )
   sums = np.asarray(per_tok, np.float64)
@@ -1383,11 +1383,12 @@ def test_objective_checks_combinations_at_trace_time():
 
 
 def test_actor_config_knobs_match_policy_registry():
-  assert set(obj.KNOB_FIELDS) == set(pol.KNOB_DEFAULTS)
+  knobs = {f.name for f in dataclasses.fields(pol.PolicyKnobs)}
+  assert set(obj.KNOB_FIELDS) == knobs
   cfg = obj.ActorLossConfig()
-  for k, v in pol.KNOB_DEFAULTS.items():
-    assert getattr(cfg, k) == v, k
-  assert cfg.knobs == pol.KNOB_DEFAULTS
+  for k in knobs:
+    assert getattr(cfg, k) == getattr(pol.DEFAULT_KNOBS, k), k
+  assert cfg.knobs == pol.DEFAULT_KNOBS
   assert (cfg.entropy_coeff, cfg.kl_loss_coef, cfg.rollout_kl_coef) == (0, 0, 0)
   assert cfg.policy_loss == 'vanilla' and cfg.agg is None
 

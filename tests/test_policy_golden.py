@@ -14,6 +14,7 @@ prime-rl sums) the atol is scaled by the same aggregation of |ℓ|.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import jax
@@ -49,7 +50,7 @@ def per_token(name, logp, old, adv, mask, *, w=None, rollout=None, **kw):
     key=kw.pop('key', None),
     pick=kw.pop('clip_cov_pick', None),
   )
-  return policy.LOSSES[name](x, {**policy.KNOB_DEFAULTS, **kw})[0]
+  return policy.LOSSES[name].fn(x, policy.check_knobs(kw))[0]
 
 
 def assert_loss(got, want, abs_terms):
@@ -187,7 +188,7 @@ def _run_verl(a):
       num_seqs=a['num_seqs'],
       norm=a['norm'],
       clip_cov_pick=a['pick'],
-      **a['knobs'],
+      knobs=policy.check_knobs(a['knobs']),
     )
     return loss * a['factor'], met
 
@@ -285,7 +286,7 @@ def test_d9_explicit_agg_is_honoured(name, weighted):
   the oracle aggregated with that mode — which differs from verl's value.
   """
   a, verl_value = _verl_default(name, weighted)
-  knobs = {**policy.KNOB_DEFAULTS, **a['knobs']}
+  knobs = dataclasses.asdict(policy.check_knobs(a['knobs']))
   args = (a['logp'], a['old'], a['adv'], a['mask'], a['w'], knobs)
   ell = _np_per_token(name, *args)
   natural = _np_aggregate(ell, a['mask'], 'seq-mean-token-mean')
@@ -294,7 +295,7 @@ def test_d9_explicit_agg_is_honoured(name, weighted):
   for mode in gd.load('verl').meta['loss_agg_modes']:
     got, _ = policy.policy_loss(
       name, a['logp'], a['old'], a['adv'], a['mask'], is_weights=a['w'],
-      agg=mode, **a['knobs'],
+      agg=mode, knobs=policy.check_knobs(a['knobs']),
     )  # fmt: skip
     want = _np_aggregate(ell, a['mask'], mode)
     scale = max(1.0, _np_aggregate(np.abs(ell), a['mask'], mode))
@@ -311,7 +312,7 @@ def test_d12_geo_mean_averages_over_non_empty_rows(weighted):
   `test_verl_policy_loss`); here rows 2 and 5 are emptied.
   """
   a, verl_value = _verl_default('geo_mean', weighted)
-  knobs = {**policy.KNOB_DEFAULTS, **a['knobs']}
+  knobs = dataclasses.asdict(policy.check_knobs(a['knobs']))
   rows = lambda m: _np_per_token(  # noqa: E731
     'geo_mean', a['logp'], a['old'], a['adv'], m, a['w'], knobs
   )[:, 0]
@@ -322,7 +323,7 @@ def test_d12_geo_mean_averages_over_non_empty_rows(weighted):
   mask[[2, 5]] = False
   got, _ = policy.policy_loss(
     'geo_mean', a['logp'], a['old'], a['adv'], mask, is_weights=a['w'],
-    **a['knobs'],
+    knobs=policy.check_knobs(a['knobs']),
   )  # fmt: skip
   ell = rows(mask)
   keep = mask.any(-1)
@@ -439,7 +440,7 @@ def _skyrl_loss(a, adv, agg, norm=None, rollout=None):
       key=jax.random.key(0),
       clip_cov_pick=pick,
       is_weights=a.get('w'),
-      **a['knobs'],
+      knobs=policy.check_knobs(a['knobs']),
     )
 
   return value_grad(fn, a['logp'])
@@ -591,7 +592,9 @@ def test_slime_policy_loss(case):
   flat_mask = data['flat_loss_mask'].astype(bool)
 
   def fn(lp):
-    return policy.policy_loss(name, lp, old, adv, mask, agg='token_sum', **k)
+    return policy.policy_loss(
+      name, lp, old, adv, mask, agg='token_sum', knobs=policy.check_knobs(k)
+    )
 
   (loss, metrics), grad = value_grad(fn, logp)
   ell = per_token(name, logp, old, adv, mask, **k)
@@ -635,7 +638,7 @@ def _rowwise(name, logp, adv, mask, rollout, **knobs):
   def one(lp, a, m, r):
     return policy.policy_loss(
       name, lp[None], None, a[None], m[None], rollout_logp=r[None],
-      agg='token_sum', **knobs,
+      agg='token_sum', knobs=policy.check_knobs(knobs),
     )  # fmt: skip
 
   def total(lp):

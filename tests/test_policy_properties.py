@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import NamedTuple
@@ -76,7 +77,10 @@ def make_batch(seed=0, B=8, T=8, lengths=None, delta=0.3) -> Batch:
 
 
 def call(name, logp, old, adv, mask, w, rollout, *, agg=None, **extra):
-  """`policy_loss` with the test knobs; w is dropped where not allowed."""
+  """`policy_loss` with the test knobs (and any knob in `extra`); w is
+  dropped where not allowed."""
+  knobs = {k: v for k, v in extra.items() if k in policy.KNOB_FIELDS}
+  rest = {k: v for k, v in extra.items() if k not in knobs}
   return policy.policy_loss(
     name,
     logp,
@@ -87,7 +91,8 @@ def call(name, logp, old, adv, mask, w, rollout, *, agg=None, **extra):
     agg=agg,
     rollout_logp=rollout,
     key=KEY if name == 'clip_cov' else None,
-    **{**KNOBS.get(name, {}), **extra},
+    knobs=policy.check_knobs({**KNOBS.get(name, {}), **knobs}),
+    **rest,
   )
 
 
@@ -148,8 +153,8 @@ def test_tables_cover_the_registry():
     'rollout_is',
     'prime',
   }
-  assert len(policy.KNOB_DEFAULTS) == 20
-  policy.check_knobs({})  # the defaults are valid
+  assert len(dataclasses.fields(policy.PolicyKnobs)) == 20
+  assert policy.check_knobs({}) == policy.DEFAULT_KNOBS  # defaults valid
 
 
 # ============================================================ reduces-to
@@ -214,13 +219,16 @@ def test_binary_tv_equals_primerl_loss_without_kl():
 
   def prime(lp):
     return policy.policy_loss(
-      'prime', lp, None, b.adv, b.mask, rollout_logp=b.rollout, **band
-    )
+      'prime', lp, None, b.adv, b.mask, rollout_logp=b.rollout,
+      knobs=policy.check_knobs(band),
+    )  # fmt: skip
 
   def dppo(lp):
     return policy.policy_loss(
-      'dppo_tv', lp, b.rollout, b.adv, b.mask, clip_ratio_c=None,
-      dppo_delta_low=0.05, dppo_delta_high=0.08,
+      'dppo_tv', lp, b.rollout, b.adv, b.mask,
+      knobs=policy.PolicyKnobs(
+        clip_ratio_c=None, dppo_delta_low=0.05, dppo_delta_high=0.08
+      ),
     )  # fmt: skip
 
   (_, mp), gp = jax.value_and_grad(prime, has_aux=True)(b.logp)
@@ -262,8 +270,9 @@ def test_zero_advantage_uses_the_low_test_in_primerl_loss():
   logp = np.log(np.array([[0.5, 0.5, 0.89, 0.89]], np.float32))
   adv = np.array([[0.0, -1.0, 0.0, 1.0]], np.float32)
   _, m = policy.policy_loss(
-    'prime', logp, None, adv, mask, rollout_logp=roll, prime_mask_low=0.2
-  )
+    'prime', logp, None, adv, mask, rollout_logp=roll,
+    knobs=policy.PolicyKnobs(prime_mask_low=0.2),
+  )  # fmt: skip
   np.testing.assert_allclose(m['actor/prime_is_masked'], 0.5)
   np.testing.assert_allclose(m['actor/prime_is_masked_low'], 0.25)
   np.testing.assert_allclose(m['actor/prime_is_masked_high'], 0.0)
@@ -284,7 +293,9 @@ def test_clip_cov_draw_picks_min_n_candidates():
     for seed in range(3):
       _, m = policy.policy_loss(
         'clip_cov', b.logp, b.old, b.adv, b.mask, key=jax.random.key(seed),
-        clip_cov_ratio=ratio, clip_cov_lb=-1e9, clip_cov_ub=1e9,
+        knobs=policy.PolicyKnobs(
+          clip_cov_ratio=ratio, clip_cov_lb=-1e9, clip_cov_ub=1e9
+        ),
       )  # fmt: skip
       picks.append(round(float(m['actor/pg_clipfrac']) * n_tok))
     rho = np.exp(b.logp - b.old)
@@ -295,11 +306,13 @@ def test_clip_cov_draw_picks_min_n_candidates():
 
 def test_clip_cov_key_changes_selection_and_pick_is_honoured():
   b = make_batch(7)
-  knobs = dict(clip_cov_ratio=0.1, clip_cov_lb=-1e9, clip_cov_ub=1e9)
+  knobs = policy.PolicyKnobs(
+    clip_cov_ratio=0.1, clip_cov_lb=-1e9, clip_cov_ub=1e9
+  )
 
   def grad(**kw):
     fn = lambda lp: policy.policy_loss(  # noqa: E731
-      'clip_cov', lp, b.old, b.adv, b.mask, **kw, **knobs
+      'clip_cov', lp, b.old, b.adv, b.mask, **kw, knobs=knobs
     )[0]
     return np.asarray(jax.grad(fn)(b.logp))
 
@@ -321,8 +334,8 @@ def test_kl_cov_ties_go_to_the_lowest_flat_index():
 
   def fn(lp):
     return policy.policy_loss(
-      'kl_cov', lp, old, adv, mask, agg='token_sum', kl_cov_ratio=0.15,
-      ppo_kl_coef=0.5,
+      'kl_cov', lp, old, adv, mask, agg='token_sum',
+      knobs=policy.PolicyKnobs(kl_cov_ratio=0.15, ppo_kl_coef=0.5),
     )[0]  # fmt: skip
 
   g = np.asarray(jax.grad(fn)(logp))
@@ -527,7 +540,10 @@ def test_unknown_knob_suggests_the_closest(knob, suggestion):
   assert repr(knob) in str(err.value) and suggestion in str(err.value)
   b = make_batch(18)
   with pytest.raises(ValueError, match=suggestion):
-    policy.policy_loss('vanilla', b.logp, b.old, b.adv, b.mask, **{knob: 0.2})
+    policy.policy_loss(
+      'vanilla', b.logp, b.old, b.adv, b.mask,
+      knobs=policy.check_knobs({knob: 0.2}),
+    )  # fmt: skip
 
 
 BAD_KNOBS = [
@@ -648,7 +664,7 @@ def test_trace_time_errors(name, change, match):
       name, logp, args['old'], args['adv'], args['mask'],
       is_weights=args['w'], rollout_logp=args['rollout'], key=args['key'],
       clip_cov_pick=args['pick'], agg=args['agg'],
-      **KNOBS.get(name, {}),
+      knobs=policy.check_knobs(KNOBS.get(name, {})),
     )  # fmt: skip
 
   with pytest.raises(ValueError, match=match):
@@ -676,13 +692,15 @@ def test_d10_clip_cov_draw_comes_from_the_jax_key():
   old = logp - rng.normal(0, 0.3, (b, t)).astype(np.float32)
   adv = rng.normal(0, 3, (b, t)).astype(np.float32)
   mask = np.ones((b, t), bool)
-  knobs = dict(clip_cov_ratio=0.05, clip_cov_lb=-1e9, clip_cov_ub=1e9)
+  knobs = policy.PolicyKnobs(
+    clip_cov_ratio=0.05, clip_cov_lb=-1e9, clip_cov_ub=1e9
+  )
 
   @jax.jit
   def grad(key):
     return jax.grad(
       lambda x: policy.policy_loss(
-        'clip_cov', x, old, adv, mask, key=key, **knobs
+        'clip_cov', x, old, adv, mask, key=key, knobs=knobs
       )[0]
     )(logp)
 
@@ -691,4 +709,4 @@ def test_d10_clip_cov_draw_comes_from_the_jax_key():
   exempt = [np.asarray(grad(jax.random.key(s)) == 0) for s in range(4)]
   assert any((e != exempt[0]).any() for e in exempt[1:])
   with pytest.raises(ValueError, match='key'):
-    policy.policy_loss('clip_cov', logp, old, adv, mask, **knobs)
+    policy.policy_loss('clip_cov', logp, old, adv, mask, knobs=knobs)

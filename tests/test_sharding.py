@@ -12,7 +12,14 @@ import pytest
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
-from model_testing import random_model, random_tokens, stack_layers, tiny_config
+from model_testing import (
+  opt_state_shardings,
+  random_model,
+  random_tokens,
+  shard_batch,
+  stack_layers,
+  tiny_config,
+)
 
 from jaxcorr import sharding as sh
 from jaxcorr.model import Transformer, token_logprobs
@@ -111,7 +118,7 @@ def test_param_and_optimizer_shardings():
 
   tx = optax.adamw(1e-3)
   opt_state = jax.eval_shape(tx.init, params)
-  opt_shardings = sh.opt_state_shardings(tx, opt_state, shardings, mesh)
+  opt_shardings = opt_state_shardings(tx, opt_state, shardings, mesh)
   adam = opt_shardings[0]
   assert adam.count == NamedSharding(mesh, P())
   for moments in (adam.mu, adam.nu):
@@ -130,12 +137,12 @@ def test_param_and_optimizer_shardings():
 def test_shard_batch():
   mesh = sh.make_mesh(dict(data=2, fsdp=2, tensor=2))
   batch = {'tokens': np.zeros((8, 5), np.int32), 'temp': np.float32(1.0)}
-  out = sh.shard_batch(batch, mesh)
+  out = shard_batch(batch, mesh)
   assert out['tokens'].sharding.spec == P(('data', 'fsdp'), None)
   assert out['tokens'].addressable_shards[0].data.shape == (2, 5)
   assert out['temp'].sharding.spec == P()
   with pytest.raises(ValueError, match='does not split'):
-    sh.shard_batch({'x': np.zeros((6, 2))}, mesh)
+    shard_batch({'x': np.zeros((6, 2))}, mesh)
 
 
 def test_init_sharded_places_every_param():
@@ -177,7 +184,7 @@ def test_sharded_forward_and_gradients_equal_single_device():
   q = sharded_state['layers'][0]['attn']['q_proj']['kernel'].get_value()
   assert q.addressable_shards[0].data.shape == (32, 2, 8)  # really split
   with jax.set_mesh(mesh):
-    got = jax.jit(run)(sharded_state, sh.shard_batch(tokens, mesh))
+    got = jax.jit(run)(sharded_state, shard_batch(tokens, mesh))
   logits = got[0]
   assert logits.sharding.spec[0] == 'fsdp'  # batch stayed split
   assert len({s.device for s in logits.addressable_shards}) == 8

@@ -36,13 +36,13 @@ recursions (gae, reinforce_plus_plus, remax) are in `advantages_scan`.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from jaxcorr.config.fields import boolean, number, one_of, setting, validate
 from jaxcorr.losses import advantages_scan as scan
 from jaxcorr.losses import masked
 from jaxcorr.losses.advantages_scan import masked_var, whiten  # noqa: F401
@@ -66,57 +66,37 @@ NEEDS_GROUPS = frozenset(ESTIMATORS) - {'gae', 'reinforce_plus_plus', 'remax'}
 # ------------------------------------------------------------------ config
 
 
-def _fail(field: str, value: Any, allowed: str, why: str = '') -> NoReturn:
-  why = f' ({why})' if why else ''
-  raise ValueError(
-    f'AdvantageConfig.{field}: invalid value {value!r}{why}; allowed: {allowed}'
-  )
-
-
-def _unit_interval(field: str, value: Any) -> float:
-  allowed = 'a float in [0, 1]'
-  if not masked.is_number(value):
-    _fail(field, value, allowed, 'not a number')
-  out = float(value)
-  if not 0.0 <= out <= 1.0:
-    _fail(field, value, allowed)
-  return out
-
-
 @dataclasses.dataclass(frozen=True)
 class AdvantageConfig:
   """Which estimator and its knobs (docs/math/advantages.md §2); frozen,
   hashable, validated.
 
-  Attributes:
-    estimator: one of `ESTIMATORS`; `'grpo'` (the SkyRL and slime default;
-      verl defaults to `'gae'`).
-    gamma: discount γ in [0, 1] (gae, reinforce_plus_plus).
-    lam: GAE λ in [0, 1] (gae).
-    norm_adv_by_std: divide by `σ_g + eps` (grpo, grpo_passk); False gives
-      Dr.GRPO's advantage.
-    eps: ε ≥ 0 added to the group std (grpo, grpo_passk) and mean (maxrl).
+  `'grpo'` is the SkyRL and slime default (verl defaults to `'gae'`).
   """
 
-  estimator: str = 'grpo'
-  gamma: float = 1.0
-  lam: float = 1.0
-  norm_adv_by_std: bool = True
-  eps: float = 1e-6
+  estimator: str = setting(
+    'grpo',
+    one_of(*ESTIMATORS, quote=False),
+    'Advantage estimator: ' + ', '.join(ESTIMATORS) + '.',
+  )
+  gamma: float = setting(
+    1.0, number(0, 1), 'Discount γ in [0, 1] (gae, reinforce_plus_plus).'
+  )
+  lam: float = setting(1.0, number(0, 1), 'GAE λ in [0, 1] (gae).')
+  norm_adv_by_std: bool = setting(
+    True,
+    boolean,
+    'Divide by the group std + eps (grpo, grpo_passk); False with grpo is '
+    "Dr.GRPO's advantage.",
+  )
+  eps: float = setting(
+    1e-6,
+    number(0),
+    'ε >= 0 added to the group std (grpo, grpo_passk) or mean (maxrl).',
+  )
 
   def __post_init__(self):
-    if not isinstance(self.estimator, str) or self.estimator not in ESTIMATORS:
-      _fail('estimator', self.estimator, ', '.join(ESTIMATORS))
-    object.__setattr__(self, 'gamma', _unit_interval('gamma', self.gamma))
-    object.__setattr__(self, 'lam', _unit_interval('lam', self.lam))
-    if not isinstance(self.norm_adv_by_std, bool):
-      _fail('norm_adv_by_std', self.norm_adv_by_std, 'True or False')
-    allowed = 'a finite float >= 0'
-    if not masked.is_number(self.eps):
-      _fail('eps', self.eps, allowed, 'not a number')
-    if not (math.isfinite(self.eps) and self.eps >= 0):
-      _fail('eps', self.eps, allowed)
-    object.__setattr__(self, 'eps', float(self.eps))
+    validate(self)
 
 
 # ---------------------------------------------------------- group statistics

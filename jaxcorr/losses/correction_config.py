@@ -12,9 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, NoReturn
+from typing import Any
 
-from jaxcorr.losses import masked
+from jaxcorr.config.fields import (
+  Invalid,
+  boolean,
+  fail,
+  number,
+  one_of,
+  optional,
+  setting,
+  validate,
+)
 
 MODES = ('decoupled', 'bypass')
 BYPASS_LOSSES = ('ppo_clip', 'reinforce')
@@ -44,49 +53,28 @@ LEGACY_RS_NAMES = {
 # ------------------------------------------------------------------ config
 
 
-def _fail(field: str, value: Any, allowed: str, why: str = '') -> NoReturn:
-  why = f' ({why})' if why else ''
-  raise ValueError(
-    f'CorrectionConfig.{field}: invalid value {value!r}{why}; '
-    f'allowed: {allowed}'
-  )
-
-
-def _choice(field: str, value: Any, allowed: tuple, optional: bool = False):
-  names = ', '.join(repr(a) for a in allowed)
-  if optional:
-    names += ' or None'
-  if value is None and optional:
-    return None
-  if not isinstance(value, str) or value not in allowed:
-    _fail(field, value, names)
-  return value
-
-
-def _real(field: str, value: Any, allowed: str) -> float:
+def _real(path: str, value: Any, allowed: str) -> float:
   """A finite Python float; bools, strings and arrays are rejected."""
-  if not masked.is_number(value):
-    _fail(field, value, allowed, 'not a number')
-  out = float(value)
-  if not math.isfinite(out):
-    _fail(field, value, allowed, 'not finite')
-  return out
+  try:
+    return number()(value, path)
+  except Invalid as e:
+    fail(path, value, allowed, e.why)
 
 
-def _parse_float(field: str, text: str, entry: str, allowed: str) -> float:
+def _parse_float(path: str, text: str, entry: str, allowed: str) -> float:
   """`float(text)`, `text` being part of the string `entry`."""
   try:
     out = float(text)
   except ValueError:
-    _fail(field, entry, allowed, f'cannot parse {text!r} as a number')
+    fail(path, entry, allowed, f'cannot parse {text!r} as a number')
   if not math.isfinite(out):
-    _fail(field, entry, allowed, 'not finite')
+    fail(path, entry, allowed, 'not finite')
   return out
 
 
 def _entries(value: Any) -> tuple:
-  """`None` → (), 'a,b' → ('a', 'b'), sequences → tuple, scalar → (x,)."""
-  if value is None:
+  """`None`/'' → (), 'a,b' → ('a', 'b'), sequences → tuple, scalar → (x,)."""
+  if value is None or value == '':
     return ()
   if isinstance(value, str):
     return tuple(part.strip() for part in value.split(','))
@@ -95,34 +83,32 @@ def _entries(value: Any) -> tuple:
   return (value,)
 
 
-def _parse_rs(value: Any) -> tuple[str, ...]:
+def _parse_rs(value: Any, path: str) -> tuple[str, ...]:
   allowed = ', '.join(RS_CRITERIA)
   names = []
   for entry in _entries(value):
     if not isinstance(entry, str):
-      _fail('rs', value, allowed, f'entry {entry!r} is not a string')
+      fail(path, value, allowed, f'entry {entry!r} is not a string')
     name = entry.strip()
     if not name:
-      _fail('rs', value, allowed, 'empty criterion name')
+      fail(path, value, allowed, 'empty criterion name')
     if name in LEGACY_RS_NAMES:
-      _fail(
-        'rs',
-        value,
-        allowed,
-        f'legacy name {name!r}: use {LEGACY_RS_NAMES[name]!r}',
-      )
+      why = f'legacy name {name!r}: use {LEGACY_RS_NAMES[name]!r}'
+      fail(path, value, allowed, why)
     if name not in RS_CRITERIA:
-      _fail('rs', value, allowed, f'unknown criterion {name!r}')
+      fail(path, value, allowed, f'unknown criterion {name!r}')
     if name in names:
-      _fail('rs', value, allowed, f'duplicate criterion {name!r}')
+      fail(path, value, allowed, f'duplicate criterion {name!r}')
     names.append(name)
   return tuple(names)
 
 
-def _parse_bound(criterion: str, entry: Any) -> tuple[float | None, float]:
+def _parse_bound(
+  path: str, criterion: str, entry: Any
+) -> tuple[float | None, float]:
   """One `rs_bounds` entry → canonical `(lo, up)` (`lo=None` for k2/k3)."""
   k1 = criterion.endswith('_k1')
-  field = f'rs_bounds[{criterion}]'
+  field = f'{path}[{criterion}]'
   if k1:
     allowed = "'lo_up', (lo, up) or a single up, with 0 < lo <= up"
   else:
@@ -132,7 +118,7 @@ def _parse_bound(criterion: str, entry: Any) -> tuple[float | None, float]:
     text = entry.strip()
     if '_' in text:
       if not k1:
-        _fail(field, entry, allowed, "a 'lo_up' string is only for k1")
+        fail(field, entry, allowed, "a 'lo_up' string is only for k1")
       lo_text, up_text = text.split('_', 1)
       lo = _parse_float(field, lo_text, entry, allowed)
       up = _parse_float(field, up_text, entry, allowed)
@@ -140,40 +126,41 @@ def _parse_bound(criterion: str, entry: Any) -> tuple[float | None, float]:
       lo, up = None, _parse_float(field, text, entry, allowed)
   elif isinstance(entry, (list, tuple)):
     if len(entry) != 2:
-      _fail(field, entry, allowed, 'a pair must have two entries')
+      fail(field, entry, allowed, 'a pair must have two entries')
     lo = None if entry[0] is None else _real(field, entry[0], allowed)
     up = _real(field, entry[1], allowed)
     if lo is not None and not k1:
-      _fail(field, entry, allowed, 'k2/k3 take no lower bound')
+      fail(field, entry, allowed, 'k2/k3 take no lower bound')
   else:
     lo, up = None, _real(field, entry, allowed)
   if not up > 0:
-    _fail(field, entry, allowed, 'the upper bound must be > 0')
+    fail(field, entry, allowed, 'the upper bound must be > 0')
   if not k1:
     return (None, up)
   if lo is None:
     lo = 1.0 / up
   if not 0 < lo <= up:
-    _fail(field, entry, allowed, 'need 0 < lo <= up')
+    fail(field, entry, allowed, 'need 0 < lo <= up')
   return (lo, up)
 
 
-def _parse_rs_bounds(rs: tuple[str, ...], value: Any) -> tuple:
+def _parse_rs_bounds(path: str, rs: tuple[str, ...], value: Any) -> tuple:
   entries = _entries(value)
   allowed = 'one entry per rs criterion, or one entry for all'
   if not rs:
     if entries:
-      _fail('rs_bounds', value, '() when rs is empty', 'rs_bounds without rs')
+      fail(path, value, '() when rs is empty', 'rs_bounds without rs')
     return ()
   if not entries:
-    _fail('rs_bounds', value, allowed, f'rs={rs!r} needs bounds')
+    fail(path, value, allowed, f'rs={rs!r} needs bounds')
   if len(entries) not in (1, len(rs)):
-    _fail(
-      'rs_bounds', value, allowed, f'{len(entries)} entries for {len(rs)} rs'
-    )
+    fail(path, value, allowed, f'{len(entries)} entries for {len(rs)} rs')
   if len(entries) == 1:
     entries = entries * len(rs)
-  return tuple(_parse_bound(c, e) for c, e in zip(rs, entries))
+  return tuple(_parse_bound(path, c, e) for c, e in zip(rs, entries))
+
+
+_POSITIVE = number(0, lo_open=True, allowed='a finite float > 0')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,71 +171,97 @@ class CorrectionConfig:
   `rs` is stored as a tuple of criterion names and `rs_bounds` as one
   `(lo, up)` pair per criterion (`lo=None` for k2/k3). verl's strings
   (`rs='token_k1,seq_max_k3'`, `rs_bounds='0.5_2.0,0.01'`) and lists are
-  accepted. For k1 criteria the band bounds ρ = π_train/π_rollout: keep
-  `lo ≤ ratio ≤ up` (D1). Every invalid value raises `ValueError`.
+  accepted; `''` means none. For k1 criteria the band bounds ρ =
+  π_train/π_rollout: keep `lo ≤ ratio ≤ up` (D1). Every invalid value raises
+  `ValueError`.
   """
 
-  mode: str = 'decoupled'
-  bypass_loss: str = 'ppo_clip'
-  is_level: str | None = None
-  is_mode: str = 'truncate'
-  is_upper: float = 2.0
-  is_lower: float | None = None
-  is_batch_normalize: bool = False
-  rs: tuple[str, ...] = ()
-  rs_bounds: tuple[tuple[float | None, float], ...] = ()
-  veto_low: float | None = None
-  veto_high: float | None = None
+  mode: str = setting(
+    'decoupled',
+    one_of(*MODES),
+    "'decoupled' (π_old forward pass, IS = π_old/μ) or 'bypass' (old := μ).",
+  )
+  bypass_loss: str = setting(
+    'ppo_clip',
+    one_of(*BYPASS_LOSSES),
+    "Bypass only: 'ppo_clip' (any loss but reinforce) or 'reinforce'.",
+  )
+  is_level: str | None = setting(
+    None,
+    one_of(*IS_LEVELS, None),
+    "None (no IS weights; CLI: none), 'token', 'sequence' or 'geometric'.",
+  )
+  is_mode: str = setting(
+    'truncate',
+    one_of(*IS_MODES),
+    "'truncate' min(w, Cu), 'clip' clip(w, Cl, Cu), 'mask' w in [Cl, Cu] "
+    'else 0.',
+  )
+  is_upper: float = setting(2.0, _POSITIVE, 'Cu, the upper IS bound (> 0).')
+  is_lower: float | None = setting(
+    None, None, 'Cl, the lower IS bound (0 < Cl <= Cu); None means 1/Cu.'
+  )
+  is_batch_normalize: bool = setting(
+    False, boolean, 'Rescale the IS weights to mean 1 (needs is_level).'
+  )
+  rs: tuple[str, ...] = setting(
+    (),
+    _parse_rs,
+    "Rejection criteria, comma-separated, ANDed; '' for none: "
+    + ', '.join(RS_CRITERIA)
+    + '.',
+    cli='',
+  )
+  rs_bounds: tuple[tuple[float | None, float], ...] = setting(
+    (),
+    None,
+    "One bound per criterion (or one for all), comma-separated: k1 'lo_up' "
+    "or 'up' (lo = 1/up), k2/k3 'up'; '' for none.",
+    cli='',
+  )
+  veto_low: float | None = setting(
+    None,
+    optional(
+      number(
+        0,
+        1,
+        lo_open=True,
+        hi_open=True,
+        allowed='None or a float with 0 < veto_low < 1',
+      )
+    ),
+    'τ_lo in (0, 1): a valid token with ρ < τ_lo rejects its whole sequence.',
+  )
+  veto_high: float | None = setting(
+    None,
+    optional(number(1, lo_open=True, allowed='None or a float > 1')),
+    'τ_hi > 1: a valid token with ρ > τ_hi rejects its whole sequence.',
+  )
 
   def __post_init__(self):
-    def put(name, value):
-      object.__setattr__(self, name, value)
-
-    mode = _choice('mode', self.mode, MODES)
-    loss = _choice('bypass_loss', self.bypass_loss, BYPASS_LOSSES)
-    if mode == 'decoupled' and loss == 'reinforce':
-      _fail(
-        'bypass_loss',
-        loss,
+    path = validate(self)
+    if self.mode == 'decoupled' and self.bypass_loss == 'reinforce':
+      fail(
+        f'{path}.bypass_loss',
+        'reinforce',
         "'ppo_clip' in decoupled mode ('reinforce' needs mode='bypass')",
       )
-    level = _choice('is_level', self.is_level, IS_LEVELS, optional=True)
-    _choice('is_mode', self.is_mode, IS_MODES)
-    upper = _real('is_upper', self.is_upper, 'a finite float > 0')
-    if not upper > 0:
-      _fail('is_upper', self.is_upper, 'a finite float > 0')
-    put('is_upper', upper)
     if self.is_lower is not None:
-      allowed = f'None or a float with 0 < is_lower <= is_upper={upper}'
-      lower = _real('is_lower', self.is_lower, allowed)
-      if not 0 < lower <= upper:
-        _fail('is_lower', self.is_lower, allowed)
-      put('is_lower', lower)
-    if not isinstance(self.is_batch_normalize, bool):
-      _fail('is_batch_normalize', self.is_batch_normalize, 'True or False')
-    if self.is_batch_normalize and level is None:
-      _fail(
-        'is_batch_normalize',
+      allowed = f'None or a float with 0 < is_lower <= is_upper={self.is_upper}'
+      lower = _real(f'{path}.is_lower', self.is_lower, allowed)
+      if not 0 < lower <= self.is_upper:
+        fail(f'{path}.is_lower', self.is_lower, allowed)
+      object.__setattr__(self, 'is_lower', lower)
+    if self.is_batch_normalize and self.is_level is None:
+      fail(
+        f'{path}.is_batch_normalize',
         True,
         "False when is_level=None (set is_level to 'token', 'sequence' or "
         "'geometric')",
         'there are no weights to normalise',
       )
-    rs = _parse_rs(self.rs)
-    put('rs', rs)
-    put('rs_bounds', _parse_rs_bounds(rs, self.rs_bounds))
-    if self.veto_low is not None:
-      allowed = 'None or a float with 0 < veto_low < 1'
-      tau = _real('veto_low', self.veto_low, allowed)
-      if not 0 < tau < 1:
-        _fail('veto_low', self.veto_low, allowed)
-      put('veto_low', tau)
-    if self.veto_high is not None:
-      allowed = 'None or a float > 1'
-      tau = _real('veto_high', self.veto_high, allowed)
-      if not tau > 1:
-        _fail('veto_high', self.veto_high, allowed)
-      put('veto_high', tau)
+    bounds = _parse_rs_bounds(f'{path}.rs_bounds', self.rs, self.rs_bounds)
+    object.__setattr__(self, 'rs_bounds', bounds)
 
   @property
   def lower(self) -> float:

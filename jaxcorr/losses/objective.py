@@ -57,107 +57,101 @@ arrays are global, so a single call on the mini-batch needs none of them.
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any
+import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from jaxcorr.config.fields import canonical, number, setting
 from jaxcorr.losses import aggregate as agg_lib
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import kl as kl_lib
 from jaxcorr.losses import masked
 from jaxcorr.losses import policy as policy_lib
+from jaxcorr.losses.policy_base import KNOB_FIELDS, PolicyKnobs, validate_knobs
 
 
-def _check_coef(name: str, value: Any, *, nonneg: bool) -> None:
-  allowed = 'a finite number >= 0' if nonneg else 'a finite number'
-  if not masked.is_number(value) or not math.isfinite(value):
-    raise ValueError(f'{name}={value!r} is invalid; allowed: {allowed}')
-  if nonneg and value < 0:
-    raise ValueError(f'{name}={value!r} is invalid; allowed: {allowed}')
+def _policy_loss_name(value: object, path: str) -> str:
+  if not isinstance(value, str) or value not in policy_lib.LOSSES:
+    raise ValueError(
+      f'{path}={value!r} is not a policy loss; allowed: '
+      + ', '.join(sorted(policy_lib.LOSSES))
+    )
+  return value
+
+
+def _optional_agg(value: object, path: str) -> str | None:
+  return None if value is None else agg_lib.canonical_mode(value, path)
 
 
 @dataclasses.dataclass(frozen=True)
-class ActorLossConfig:
+class ActorLossConfig(PolicyKnobs):
   """Static configuration of the actor objective (docs/math/losses.md §5).
 
-  Hashable, so it can be a static jit argument. Validated when built: the
-  loss name, `agg` (stored canonical, `token-mean` -> `token_mean`), every
-  knob (`policy.check_knobs`), the KL estimator names (stored canonical,
-  `low_var_kl` -> `k3`) and the coefficients. A coefficient of 0 turns its
-  term off. verl's `use_kl_loss=True, kl_loss_coef=c` is `kl_loss_coef=c`.
+  The loss name, its aggregation, every `PolicyKnobs` field (inherited: a
+  knob is declared once) and the auxiliary terms. Hashable, so it can be a
+  static jit argument. Validated when built: `agg` and the KL estimators
+  are stored canonical (`token-mean` -> `token_mean`, `low_var_kl` -> `k3`).
+  A coefficient of 0 turns its term off. verl's `use_kl_loss=True,
+  kl_loss_coef=c` is `kl_loss_coef=c`.
   """
 
-  policy_loss: str = 'vanilla'
-  agg: str | None = None
-  # Policy-loss knobs (docs/math/losses.md §4.4); None means "fall back" as
-  # documented.
-  clip_ratio_low: float = 0.2
-  clip_ratio_high: float = 0.2
-  clip_ratio_c: float | None = 3.0
-  tau_pos: float = 1.0
-  tau_neg: float = 1.05
-  clip_cov_ratio: float = 2e-4
-  clip_cov_lb: float = 1.0
-  clip_cov_ub: float = 5.0
-  kl_cov_ratio: float = 2e-4
-  ppo_kl_coef: float = 0.1
-  dro_beta: float | None = None
-  dppo_delta_low: float | None = None
-  dppo_delta_high: float | None = None
-  dppo_ratio_cap: float | None = None
-  cispo_clip_low: float | None = None
-  cispo_clip_high: float | None = None
-  prime_mask_low: float = 0.2
-  prime_mask_high: float = 0.2
-  prime_adv_tau: float = 1.0
-  prime_kl_tau: float = 1e-3
-  # Auxiliary terms.
-  entropy_coeff: float = 0.0
-  kl_loss_type: str = 'low_var_kl'
-  kl_loss_coef: float = 0.0
-  rollout_kl_type: str = 'k2'
-  rollout_kl_coef: float = 0.0
+  policy_loss: str = setting(
+    'vanilla',
+    _policy_loss_name,
+    'Policy loss (docs/math/losses.md §4.2): ' + ', '.join(policy_lib.LOSSES) + '.',
+  )
+  agg: str | None = setting(
+    None,
+    _optional_agg,
+    'Aggregation: token_mean, token_sum, seq_mean_token_sum, '
+    "seq_mean_token_mean, seq_mean_token_sum_norm (or verl's hyphenated "
+    "form); None (CLI: none) is the loss's natural mode, and token_mean for "
+    'the entropy and KL terms.',
+  )
+  entropy_coeff: float = setting(
+    0.0,
+    number(),
+    'Entropy bonus: loss −= entropy_coeff · H (needs the entropy array).',
+  )
+  kl_loss_type: str = setting(
+    'low_var_kl',
+    canonical(kl_lib.canonical_estimator),
+    'Reference-KL estimator: k1 (kl), abs, k2 (mse), k3 (low_var_kl), or '
+    "any of them with a trailing + (its value, k2's gradient).",
+  )
+  kl_loss_coef: float = setting(
+    0.0,
+    number(0),
+    'Reference-KL coefficient (>= 0); 0 turns the term off.',
+  )
+  rollout_kl_type: str = setting(
+    'k2',
+    canonical(kl_lib.canonical_estimator),
+    'Rollout-KL estimator; k2 is ½(log π_θ − log μ)² (docs/math/losses.md §6).',
+  )
+  rollout_kl_coef: float = setting(
+    0.0,
+    number(0),
+    'Rollout-KL coefficient (>= 0); 0 turns the term off.',
+  )
 
   def __post_init__(self):
-    if self.policy_loss not in policy_lib.LOSSES:
-      raise ValueError(
-        f'policy_loss={self.policy_loss!r} is not a policy loss; allowed: '
-        + ', '.join(sorted(policy_lib.LOSSES))
-      )
-    if self.agg is not None:
-      object.__setattr__(self, 'agg', agg_lib.canonical_mode(self.agg, 'agg'))
-    for name in ('kl_loss_type', 'rollout_kl_type'):
-      canon = kl_lib.canonical_estimator(getattr(self, name), name)
-      object.__setattr__(self, name, canon)
-    _check_coef('entropy_coeff', self.entropy_coeff, nonneg=False)
-    _check_coef('kl_loss_coef', self.kl_loss_coef, nonneg=True)
-    _check_coef('rollout_kl_coef', self.rollout_kl_coef, nonneg=True)
-    policy_lib.check_knobs(self.knobs, name=self.policy_loss)
+    path = validate_knobs(self)
+    policy_lib.check_required(self.policy_loss, self, path)
 
-  @property
-  def knobs(self) -> dict[str, Any]:
-    """The policy-loss knobs, as keyword arguments of `policy_loss`."""
-    return {k: getattr(self, k) for k in KNOB_FIELDS}
+  @functools.cached_property
+  def knobs(self) -> PolicyKnobs:
+    """The policy-loss knobs, typed, for `policy_loss(..., knobs=...)`."""
+    return PolicyKnobs(**{k: getattr(self, k) for k in KNOB_FIELDS})
 
 
-KNOB_FIELDS: tuple[str, ...] = tuple(
-  f.name
-  for f in dataclasses.fields(ActorLossConfig)
-  if f.name
-  not in (
-    'policy_loss',
-    'agg',
-    'entropy_coeff',
-    'kl_loss_type',
-    'kl_loss_coef',
-    'rollout_kl_type',
-    'rollout_kl_coef',
-  )
-)
-"""The `ActorLossConfig` fields that are policy-loss knobs
-(docs/math/losses.md §4.4)."""
+class LossConfigs(NamedTuple):
+  """The validated, static loss configuration of a run."""
+
+  actor: ActorLossConfig
+  correction: corr_lib.CorrectionConfig | None
 
 
 # ------------------------------------------------------- combination checks
@@ -173,6 +167,7 @@ def allowed_policy_losses(corr_cfg: corr_lib.CorrectionConfig | None) -> tuple:
   return tuple(n for n in names if n != 'reinforce')
 
 
+@functools.cache
 def check_compatible(
   actor_cfg: ActorLossConfig,
   corr_cfg: corr_lib.CorrectionConfig | None,
@@ -180,6 +175,9 @@ def check_compatible(
   rollout_logp_available: bool = True,
 ) -> None:
   """Start-up checks of an actor config against a correction config.
+
+  Cached: a valid pair is checked once (when the run's loss configs are
+  built), and `actor_objective`'s call on every trace is a cache hit.
 
   Raises ValueError naming the field, the value and what is allowed when
 
@@ -285,6 +283,101 @@ def loss_normalizers(mask: jax.Array) -> tuple[jax.Array, jax.Array]:
 # ------------------------------------------------------------ the objective
 
 
+class _Corrected(NamedTuple):
+  """The corrected mask m, the IS weights w (or None) and the log-prob the
+  policy loss compares against, plus the bypass correction's metrics."""
+
+  mask: jax.Array
+  weights: jax.Array | None
+  old_logp: jax.Array | None
+  metrics: dict[str, jax.Array]
+
+
+def _no_correction(mask, old_logp, correction) -> _Corrected:
+  if correction is not None:
+    raise ValueError(
+      'correction was given but corr_cfg is None; pass the CorrectionConfig '
+      'it was computed with, or correction=None'
+    )
+  return _Corrected(mask, None, old_logp, {})
+
+
+def _decoupled(corr_cfg, mask, old_logp, correction) -> _Corrected:
+  """The correction was computed once on the global batch (π_old vs μ)."""
+  if correction is None:
+    raise ValueError(
+      'correction is required in decoupled mode: run rollout_correction('
+      'old_logp, rollout_logp, mask, corr_cfg) once on the global batch '
+      'and pass its (sliced) result'
+    )
+  masked.check_mask(correction.mask, 'correction.mask')
+  masked.check_shapes(
+    {
+      'mask': mask,
+      'correction.mask': correction.mask,
+      'correction.weights': correction.weights,
+    }
+  )
+  weights = correction.weights if corr_cfg.is_level is not None else None
+  return _Corrected(
+    jnp.logical_and(mask, correction.mask), weights, old_logp, {}
+  )
+
+
+def _bypass(corr_cfg, logp, mask, old_logp, rollout_logp, correction):
+  """The correction runs here on sg(logp) vs μ, and μ plays π_old."""
+  if correction is not None or old_logp is not None:
+    given = 'correction' if correction is not None else 'old_logp'
+    raise ValueError(
+      f'{given} must be None in bypass mode: the correction runs inside the '
+      'objective on stop_gradient(logp) and old_logp is rollout_logp'
+    )
+  masked.require(rollout_logp, 'rollout_logp', 'in bypass mode')
+  corr = corr_lib.rollout_correction(
+    jax.lax.stop_gradient(logp), rollout_logp, mask, corr_cfg
+  )
+  use_w = corr_cfg.bypass_loss == 'reinforce' and corr_cfg.is_level is not None
+  weights = corr.weights if use_w else None
+  return _Corrected(corr.mask, weights, rollout_logp, dict(corr.metrics))
+
+
+def _aux_terms(cfg, loss, logp, m, counts, *, entropy, ref_logp, rollout_logp):
+  """`loss − entropy_coeff·H + kl_loss_coef·Kref + rollout_kl_coef·Krol` on
+  the corrected mask, aggregated with `cfg.agg or 'token_mean'`."""
+  agg_aux = cfg.agg or 'token_mean'
+  metrics: dict[str, jax.Array] = {}
+  if cfg.entropy_coeff != 0:
+    masked.require(
+      entropy, 'entropy', f'when entropy_coeff={cfg.entropy_coeff}'
+    )
+  if entropy is not None:
+    ent = agg_lib.aggregate(entropy, m, agg_aux, **counts)
+    metrics['actor/entropy'] = ent
+    if cfg.entropy_coeff != 0:
+      loss = loss - cfg.entropy_coeff * ent
+  kl_terms = (
+    ('kl', 'ref_logp', ref_logp, cfg.kl_loss_type, cfg.kl_loss_coef),
+    (
+      'rollout_kl',
+      'rollout_logp',
+      rollout_logp,
+      cfg.rollout_kl_type,
+      cfg.rollout_kl_coef,
+    ),
+  )
+  for name, arg, other, estimator, coef in kl_terms:
+    if coef == 0:
+      continue
+    coef_name = 'kl_loss_coef' if name == 'kl' else 'rollout_kl_coef'
+    masked.require(other, arg, f'when {coef_name}={coef}')
+    per_tok = kl_lib.kl_penalty(logp, other, estimator, mask=m)
+    term = agg_lib.aggregate(per_tok, m, agg_aux, **counts)
+    loss = loss + coef * term
+    metrics[f'actor/{name}_loss'] = term
+    metrics[f'actor/{name}_coef'] = jnp.asarray(coef, term.dtype)
+  return loss, metrics
+
+
 def actor_objective(
   cfg: ActorLossConfig,
   corr_cfg: corr_lib.CorrectionConfig | None,
@@ -333,7 +426,7 @@ def actor_objective(
     `(loss, metrics)`: a scalar and a dict of scalars whose keys depend only
     on the static configuration and on which optional arrays are given.
   """
-  check_compatible(cfg, corr_cfg)
+  check_compatible(cfg, corr_cfg)  # cached: checked once per config pair
   masked.check_mask(mask)
   masked.check_shapes(
     {
@@ -346,112 +439,44 @@ def actor_objective(
       'entropy': entropy,
     }
   )
-  name = cfg.policy_loss
-  reads = policy_lib.READS[name]
-  metrics: dict[str, jax.Array] = {}
-
   if corr_cfg is None:
-    if correction is not None:
-      raise ValueError(
-        'correction was given but corr_cfg is None; pass the CorrectionConfig '
-        'it was computed with, or correction=None'
-      )
-    m, w = mask, None
+    c = _no_correction(mask, old_logp, correction)
   elif corr_cfg.mode == 'decoupled':
-    if correction is None:
-      raise ValueError(
-        'correction is required in decoupled mode: run rollout_correction('
-        'old_logp, rollout_logp, mask, corr_cfg) once on the global batch '
-        'and pass its (sliced) result'
-      )
-    masked.check_mask(correction.mask, 'correction.mask')
-    masked.check_shapes(
-      {
-        'mask': mask,
-        'correction.mask': correction.mask,
-        'correction.weights': correction.weights,
-      }
-    )
-    m = jnp.logical_and(mask, correction.mask)
-    w = correction.weights if corr_cfg.is_level is not None else None
-  else:  # bypass
-    if correction is not None or old_logp is not None:
-      given = 'correction' if correction is not None else 'old_logp'
-      raise ValueError(
-        f'{given} must be None in bypass mode: the correction runs inside the '
-        'objective on stop_gradient(logp) and old_logp is rollout_logp'
-      )
-    masked.require(rollout_logp, 'rollout_logp', 'in bypass mode')
-    corr = corr_lib.rollout_correction(
-      jax.lax.stop_gradient(logp), rollout_logp, mask, corr_cfg
-    )
-    metrics.update(corr.metrics)
-    m = corr.mask
-    old_logp = rollout_logp
-    use_w = (
-      corr_cfg.bypass_loss == 'reinforce' and corr_cfg.is_level is not None
-    )
-    w = corr.weights if use_w else None
-
-  if reads == 'old' and name != 'reinforce':  # reinforce: metric only
-    masked.require(old_logp, 'old_logp', f'by policy_loss={name!r}')
-  if reads == 'rollout':
-    masked.require(rollout_logp, 'rollout_logp', f'by policy_loss={name!r}')
+    c = _decoupled(corr_cfg, mask, old_logp, correction)
+  else:
+    c = _bypass(corr_cfg, logp, mask, old_logp, rollout_logp, correction)
 
   counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
   pg, pg_metrics = policy_lib.policy_loss(
-    name,
+    cfg.policy_loss,
     logp,
-    old_logp,
+    c.old_logp,
     advantages,
-    m,
-    is_weights=w,
+    c.mask,
+    is_weights=c.weights,
     agg=cfg.agg,
     rollout_logp=rollout_logp,
     key=key,
+    knobs=cfg.knobs,
     **counts,
-    **cfg.knobs,
   )
-  loss = pg
-  metrics['actor/pg_loss'] = pg
-  agg_aux = cfg.agg or 'token_mean'
-
-  if cfg.entropy_coeff != 0:
-    masked.require(
-      entropy, 'entropy', f'when entropy_coeff={cfg.entropy_coeff}'
-    )
-  if entropy is not None:
-    ent = agg_lib.aggregate(entropy, m, agg_aux, **counts)
-    metrics['actor/entropy'] = ent
-    if cfg.entropy_coeff != 0:
-      loss = loss - cfg.entropy_coeff * ent
-
-  if cfg.kl_loss_coef != 0:
-    masked.require(
-      ref_logp, 'ref_logp', f'when kl_loss_coef={cfg.kl_loss_coef}'
-    )
-    per_tok = kl_lib.kl_penalty(logp, ref_logp, cfg.kl_loss_type, mask=m)
-    kref = agg_lib.aggregate(per_tok, m, agg_aux, **counts)
-    loss = loss + cfg.kl_loss_coef * kref
-    metrics['actor/kl_loss'] = kref
-    metrics['actor/kl_coef'] = jnp.asarray(cfg.kl_loss_coef, kref.dtype)
-
-  if cfg.rollout_kl_coef != 0:
-    masked.require(
-      rollout_logp,
-      'rollout_logp',
-      f'when rollout_kl_coef={cfg.rollout_kl_coef}',
-    )
-    per_tok = kl_lib.kl_penalty(logp, rollout_logp, cfg.rollout_kl_type, mask=m)
-    krol = agg_lib.aggregate(per_tok, m, agg_aux, **counts)
-    loss = loss + cfg.rollout_kl_coef * krol
-    metrics['actor/rollout_kl_loss'] = krol
-    metrics['actor/rollout_kl_coef'] = jnp.asarray(
-      cfg.rollout_kl_coef, krol.dtype
-    )
-
-  tok, seq = loss_normalizers(m)
-  metrics['actor/loss_token_count'] = tok
-  metrics['actor/loss_seq_count'] = seq
-  metrics.update(pg_metrics)
+  loss, aux_metrics = _aux_terms(
+    cfg,
+    pg,
+    logp,
+    c.mask,
+    counts,
+    entropy=entropy,
+    ref_logp=ref_logp,
+    rollout_logp=rollout_logp,
+  )
+  tok, seq = loss_normalizers(c.mask)
+  metrics = {
+    **c.metrics,
+    'actor/pg_loss': pg,
+    **aux_metrics,
+    'actor/loss_token_count': tok,
+    'actor/loss_seq_count': seq,
+    **pg_metrics,
+  }
   return loss, metrics

@@ -27,141 +27,104 @@ prime       −keep·τ_A·A·ρ_μ + τ_KL·(logp − rollout_logp)²   token_m
 ==========  ==============================================  ===============
 
 The formulas live in `policy_ppo` (ratio/clip family) and `policy_pg`
-(REINFORCE family); this module holds the tables, the knob checks and the
-dispatcher that checks, promotes, sanitises and stop-gradients the inputs.
+(REINFORCE family), the knobs in `policy_base.PolicyKnobs`; this module holds
+the registry (one `PolicyLoss` entry per loss), the knob checks of a mapping
+and the dispatcher that checks, promotes, sanitises and stop-gradients the
+inputs.
+
+Adding a loss: its function `(LossInputs, PolicyKnobs) -> (ℓ, metrics)` in
+`policy_ppo` or `policy_pg`, one `LOSSES` entry here (natural aggregation,
+which log-prob it reads, whether it takes IS weights, required knobs), and
+each new knob as one `setting` of `PolicyKnobs`. `config.actor`,
+`ActorLossConfig`, validation and the error messages follow from those.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import jax
 
 from jaxcorr.losses import masked, policy_pg, policy_ppo
 from jaxcorr.losses.aggregate import aggregate, canonical_mode
-from jaxcorr.losses.policy_base import LossFn, LossInputs, Metrics
-
-LOSSES: dict[str, LossFn] = {
-  'vanilla': policy_ppo.vanilla,
-  'gspo': policy_ppo.gspo,
-  'gspo_seq': policy_ppo.gspo_seq,
-  'sapo': policy_ppo.sapo,
-  'gpg': policy_pg.gpg,
-  'cispo': policy_ppo.cispo,
-  'clip_cov': policy_ppo.clip_cov,
-  'kl_cov': policy_ppo.kl_cov,
-  'geo_mean': policy_ppo.geo_mean,
-  'dro': policy_pg.dro,
-  'dppo_tv': policy_ppo.dppo_tv,
-  'dppo_kl': policy_ppo.dppo_kl,
-  'reinforce': policy_pg.reinforce,
-  'rollout_is': policy_pg.rollout_is,
-  'prime': policy_pg.prime,
-}
-"""name -> per-loss function `(LossInputs, knobs) -> (ℓ [B, T], metrics)`."""
+from jaxcorr.losses.policy_base import (
+  KNOB_FIELDS,
+  LossFn,
+  LossInputs,
+  Metrics,
+  PolicyKnobs,
+)
 
 _TM, _SM = 'token_mean', 'seq_mean_token_mean'
-NATURAL_AGG: dict[str, str] = {
-  'vanilla': _TM,
-  'gspo': _SM,
-  'gspo_seq': _SM,
-  'sapo': _SM,
-  'gpg': _TM,
-  'cispo': _TM,
-  'clip_cov': _TM,
-  'kl_cov': _TM,
-  'geo_mean': _SM,
-  'dro': _TM,
-  'dppo_tv': _TM,
-  'dppo_kl': _TM,
-  'reinforce': _TM,
-  'rollout_is': _TM,
-  'prime': _TM,
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLoss:
+  """One registry entry: the per-token function and what it needs.
+
+  Attributes:
+    fn: `(LossInputs, PolicyKnobs) -> (ℓ [B, T], metrics)`.
+    natural_agg: the aggregation used when `agg=None` (an explicit agg
+      always wins, D9).
+    reads: the second log-prob it reads: 'old' (requires `old_logp`, except
+      `reinforce`, which only logs `ppo_kl` from it), 'rollout' (requires
+      `rollout_logp`, ignores `old_logp`) or None.
+    uses_is_weights: False where the loss already divides by μ, so passing
+      IS weights is an error.
+    requires: `(knob, why)` for each knob (a positive number) that must not
+      be None for this loss; checked when the actor config is built and on
+      every `policy_loss` call.
+  """
+
+  fn: LossFn
+  natural_agg: str = _TM
+  reads: str | None = 'old'
+  uses_is_weights: bool = True
+  requires: tuple[tuple[str, str], ...] = ()
+
+
+LOSSES: dict[str, PolicyLoss] = {
+  'vanilla': PolicyLoss(policy_ppo.vanilla),
+  'gspo': PolicyLoss(policy_ppo.gspo, natural_agg=_SM),
+  'gspo_seq': PolicyLoss(policy_ppo.gspo_seq, natural_agg=_SM),
+  'sapo': PolicyLoss(policy_ppo.sapo, natural_agg=_SM),
+  'gpg': PolicyLoss(policy_pg.gpg, reads=None),
+  'cispo': PolicyLoss(policy_ppo.cispo),
+  'clip_cov': PolicyLoss(policy_ppo.clip_cov),
+  'kl_cov': PolicyLoss(policy_ppo.kl_cov),
+  'geo_mean': PolicyLoss(policy_ppo.geo_mean, natural_agg=_SM),
+  'dro': PolicyLoss(
+    policy_pg.dro,
+    # verl's own message, which its callers match on.
+    requires=(
+      (
+        'dro_beta',
+        'policy_loss.dro_beta must be a positive value when using DRO',
+      ),
+    ),
+  ),
+  'dppo_tv': PolicyLoss(policy_ppo.dppo_tv),
+  'dppo_kl': PolicyLoss(policy_ppo.dppo_kl),
+  'reinforce': PolicyLoss(policy_pg.reinforce),
+  'rollout_is': PolicyLoss(
+    policy_pg.rollout_is, reads='rollout', uses_is_weights=False
+  ),
+  'prime': PolicyLoss(policy_pg.prime, reads='rollout', uses_is_weights=False),
 }
-"""The aggregation used when `agg=None` (an explicit agg always wins, D9)."""
+"""The registry: name -> `PolicyLoss`. Adding a loss is one entry here (its
+function in `policy_ppo`/`policy_pg`) plus any new knob as one `setting` of
+`PolicyKnobs`; configs, validation and `ActorLossConfig` follow."""
 
-READS: dict[str, str | None] = {
-  **{name: 'old' for name in LOSSES},
-  'gpg': None,
-  'rollout_is': 'rollout',
-  'prime': 'rollout',
-}
-"""The second log-prob a loss reads: 'old', 'rollout' or None (gpg).
-
-A loss that reads 'old' requires `old_logp`, except `reinforce`, which only
-logs `ppo_kl` from it when given. A loss that reads 'rollout' requires
-`rollout_logp` and ignores `old_logp`.
-"""
-
+NATURAL_AGG: dict[str, str] = {n: e.natural_agg for n, e in LOSSES.items()}
+READS: dict[str, str | None] = {n: e.reads for n, e in LOSSES.items()}
 USES_IS_WEIGHTS: dict[str, bool] = {
-  **{name: True for name in LOSSES},
-  'rollout_is': False,
-  'prime': False,
+  n: e.uses_is_weights for n, e in LOSSES.items()
 }
-"""False where the loss already divides by μ: passing weights is an error."""
+"""Views of the registry, by field."""
 
-KNOB_DEFAULTS: dict[str, object] = {
-  'clip_ratio_low': 0.2,
-  'clip_ratio_high': 0.2,
-  'clip_ratio_c': 3.0,
-  'tau_pos': 1.0,
-  'tau_neg': 1.05,
-  'clip_cov_ratio': 2e-4,
-  'clip_cov_lb': 1.0,
-  'clip_cov_ub': 5.0,
-  'kl_cov_ratio': 2e-4,
-  'ppo_kl_coef': 0.1,
-  'dro_beta': None,
-  'dppo_delta_low': None,
-  'dppo_delta_high': None,
-  'dppo_ratio_cap': None,
-  'cispo_clip_low': None,
-  'cispo_clip_high': None,
-  'prime_mask_low': 0.2,
-  'prime_mask_high': 0.2,
-  'prime_adv_tau': 1.0,
-  'prime_kl_tau': 1e-3,
-}
-"""Every knob of docs/math/losses.md §4.4 with its default (verl's, prime-rl's
-for `prime_*`)."""
-
-# knob -> (predicate on a number, None allowed, what is allowed)
-_Rule = tuple[Callable[[float], bool], bool, str]
-_GE0: _Rule = (lambda v: v >= 0, False, 'a number >= 0')
-_GT0: _Rule = (lambda v: v > 0, False, 'a number > 0')
-_ANY: _Rule = (lambda v: not math.isnan(v), False, 'a number (not NaN)')
-_RULES: dict[str, _Rule] = {
-  'clip_ratio_low': _GE0,
-  'clip_ratio_high': _GE0,
-  'clip_ratio_c': (
-    lambda v: v > 1,
-    True,
-    'a number > 1, or None (no dual clip)',
-  ),
-  'tau_pos': _GT0,
-  'tau_neg': _GT0,
-  'clip_cov_ratio': _GT0,
-  'clip_cov_lb': (_ANY[0], False, 'a number < clip_cov_ub'),
-  'clip_cov_ub': (_ANY[0], False, 'a number > clip_cov_lb'),
-  'kl_cov_ratio': _GT0,
-  'ppo_kl_coef': _GE0,
-  'dro_beta': (lambda v: v > 0, True, 'a number > 0 (required by dro)'),
-  'dppo_delta_low': (_GT0[0], True, 'a number > 0, or None (clip_ratio_low)'),
-  'dppo_delta_high': (_GT0[0], True, 'a number > 0, or None (clip_ratio_high)'),
-  'dppo_ratio_cap': (_GT0[0], True, 'a number > 0, or None (clip_ratio_c)'),
-  'cispo_clip_low': (_GE0[0], True, 'a number >= 0, or None (clip_ratio_low)'),
-  'cispo_clip_high': (
-    _GE0[0],
-    True,
-    'a number >= 0, or None (clip_ratio_high)',
-  ),
-  'prime_mask_low': _GT0,
-  'prime_mask_high': _GT0,
-  'prime_adv_tau': _ANY,
-  'prime_kl_tau': _GE0,
-}
+DEFAULT_KNOBS = PolicyKnobs()
 
 # Spellings of other frameworks (docs/math/losses.md §4.4) -> the jaxcorr
 # knob(s) to use.
@@ -186,7 +149,8 @@ def _suggest(word: str, options) -> str:
   return f' (did you mean {close[0]!r}?)' if close else ''
 
 
-def _check_name(name: object) -> str:
+def check_name(name: object) -> str:
+  """`name` if it is a registered policy loss, else ValueError."""
   if not isinstance(name, str) or name not in LOSSES:
     hint = _suggest(name, LOSSES) if isinstance(name, str) else ''
     raise ValueError(
@@ -195,54 +159,47 @@ def _check_name(name: object) -> str:
   return name
 
 
-def check_knobs(knobs: Mapping[str, object], name: str | None = None) -> None:
-  """Validates policy-loss knobs (docs/math/losses.md §4.4); raises ValueError
-  on the first problem.
+def check_required(name: str, knobs: PolicyKnobs, path: str) -> None:
+  """The knobs loss `name` requires are set (`dro` needs `dro_beta`)."""
+  for knob, why in LOSSES[name].requires:
+    if getattr(knobs, knob) is None:
+      raise ValueError(
+        f'{path}.{knob}=None is invalid for {name}: {why} (allowed: a '
+        'number > 0)'
+      )
+
+
+def check_knobs(
+  knobs: Mapping[str, object], name: str | None = None
+) -> PolicyKnobs:
+  """The typed `PolicyKnobs` of a mapping (docs/math/losses.md §4.4), validated.
 
   Args:
-    knobs: knob name -> value; missing knobs take `KNOB_DEFAULTS`.
+    knobs: knob name -> value; missing knobs take their defaults.
     name: the policy loss the knobs are for, if known. It is validated, and
-      `dro` then requires `dro_beta`.
+      its required knobs (`dro`: `dro_beta`) must be set.
 
   Raises:
-    ValueError: an unknown knob (the message suggests the closest valid name),
-      a value outside the allowed set (naming knob, value and what is
-      allowed), `clip_cov_lb >= clip_cov_ub`, or an unknown loss name.
+    ValueError: an unknown knob (the message suggests the closest valid name
+      or the jaxcorr spelling of another framework's), a value outside the
+      allowed set (naming knob, value and what is allowed),
+      `clip_cov_lb >= clip_cov_ub`, or an unknown loss name.
   """
   for key in knobs:
-    if key not in KNOB_DEFAULTS:
+    if key not in KNOB_FIELDS:
       hint = (
         f' (use {_FOREIGN[key]})'
         if key in _FOREIGN
-        else _suggest(str(key), KNOB_DEFAULTS)
+        else _suggest(str(key), KNOB_FIELDS)
       )
       raise ValueError(
         f'unknown policy-loss knob {key!r}{hint}. Valid knobs: '
-        + ', '.join(KNOB_DEFAULTS)
+        + ', '.join(KNOB_FIELDS)
       )
+  typed = PolicyKnobs(**knobs)
   if name is not None:
-    _check_name(name)
-  merged = {**KNOB_DEFAULTS, **knobs}
-  for key, (ok, none_ok, allowed) in _RULES.items():
-    v = merged[key]
-    if v is None and none_ok:
-      continue
-    if not (masked.is_number(v) and ok(v)):
-      raise ValueError(
-        f'policy-loss knob {key}={v!r} is invalid; allowed: {allowed}'
-      )
-  lb, ub = merged['clip_cov_lb'], merged['clip_cov_ub']
-  if not lb < ub:
-    raise ValueError(
-      f'policy-loss knobs clip_cov_lb={lb!r}, clip_cov_ub={ub!r} are '
-      'invalid; allowed: clip_cov_lb < clip_cov_ub'
-    )
-  if name == 'dro' and merged['dro_beta'] is None:
-    raise ValueError(
-      'policy-loss knob dro_beta=None is invalid for dro: '
-      'policy_loss.dro_beta must be a positive value when using DRO '
-      '(allowed: a number > 0)'
-    )
+    check_required(check_name(name), typed, 'PolicyKnobs')
+  return typed
 
 
 def _prepare(name, logp, old_logp, advantages, mask, is_weights, rollout_logp):
@@ -277,7 +234,7 @@ def policy_loss(
   norm: float | jax.Array | None = None,
   key: jax.Array | None = None,
   clip_cov_pick: jax.Array | None = None,
-  **knobs: object,
+  knobs: PolicyKnobs = DEFAULT_KNOBS,
 ) -> tuple[jax.Array, Metrics]:
   """One policy loss of the registry, aggregated to a scalar.
 
@@ -301,19 +258,20 @@ def policy_loss(
     norm: divisor of `seq_mean_token_sum_norm` (None: T).
     key: PRNG key for `clip_cov`'s random draw.
     clip_cov_pick: optional `[B, T]` bool selection replacing the draw (D10).
-    **knobs: the knobs of `KNOB_DEFAULTS`, checked by `check_knobs`.
+    knobs: the typed knobs (validated when built; `check_knobs` builds them
+      from a mapping).
 
   Returns:
     `(loss, metrics)`: a scalar in the computation dtype (at least float32)
     and a dict of scalar metrics under `actor/`.
 
   Raises:
-    ValueError: at trace time, for an unknown name, knob or aggregation mode,
-      an invalid knob value, mismatched shapes, a non-bool mask, a missing
+    ValueError: at trace time, for an unknown name or aggregation mode, a
+      required knob left None, mismatched shapes, a non-bool mask, a missing
       required array, or `is_weights` given to rollout_is/prime.
   """
-  fn = LOSSES[_check_name(name)]
-  check_knobs(knobs, name)
+  fn = LOSSES[check_name(name)].fn
+  check_required(name, knobs, 'knobs')
   mode = canonical_mode(NATURAL_AGG[name] if agg is None else agg)
   _prepare(name, logp, old_logp, advantages, mask, is_weights, rollout_logp)
   if name == 'clip_cov' and key is None and clip_cov_pick is None:
@@ -353,7 +311,7 @@ def policy_loss(
     key=key,
     pick=clip_cov_pick,
   )
-  per_token, metrics = fn(x, {**KNOB_DEFAULTS, **knobs})
+  per_token, metrics = fn(x, knobs)
   loss = aggregate(
     per_token,
     mask,

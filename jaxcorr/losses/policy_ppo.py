@@ -1,16 +1,15 @@
 """Ratio-based policy losses: the PPO clip family
 (docs/math/losses.md §4.2–§4.3).
 
-Each function maps sanitised `LossInputs` and the knob dict to the per-token
-loss ℓ `[B, T]` (IS weights included) and its metrics; see `policy_base`.
+Each function maps sanitised `LossInputs` and the typed `PolicyKnobs` to the
+per-token loss ℓ `[B, T]` (IS weights included) and its metrics; see
+`policy_base`.
 Notation: δ = logp − old_logp, δ̂ = clip(δ, ±20), ρ = exp(δ̂), ε_l / ε_h =
 `clip_ratio_low` / `clip_ratio_high`, w = IS weights, sg = stop_gradient,
 `mmean` the masked mean and `rmean` the per-row masked mean.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +18,7 @@ from jaxcorr.losses import masked
 from jaxcorr.losses.policy_base import (
   LossInputs,
   Metrics,
+  PolicyKnobs,
   clamp,
   clip_metrics,
   mmean,
@@ -31,15 +31,13 @@ from jaxcorr.losses.policy_base import (
 sg = jax.lax.stop_gradient
 
 
-def _ppo_terms(x: LossInputs, k: Mapping[str, object], rho: jax.Array):
+def _ppo_terms(x: LossInputs, k: PolicyKnobs, rho: jax.Array):
   """`L1 = −A·ρ` and `L2 = −A·clip(ρ, 1−ε_l, 1+ε_h)`."""
-  lo, hi = 1 - k['clip_ratio_low'], 1 + k['clip_ratio_high']
+  lo, hi = 1 - k.clip_ratio_low, 1 + k.clip_ratio_high
   return -x.adv * rho, -x.adv * jnp.clip(rho, lo, hi)
 
 
-def vanilla(
-  x: LossInputs, k: Mapping[str, object]
-) -> tuple[jax.Array, Metrics]:
+def vanilla(x: LossInputs, k: PolicyKnobs) -> tuple[jax.Array, Metrics]:
   """PPO clip with dual clip (verl; SkyRL regular/dual_clip; slime ppo).
 
   `L1 = −Aρ`, `L2 = −A·clip(ρ, 1−ε_l, 1+ε_h)`, `Lc = max(L1, L2)`,
@@ -52,7 +50,7 @@ def vanilla(
   d = old_delta(x)
   l1, l2 = _ppo_terms(x, k, masked.exp_clamped(d))
   lc = jnp.maximum(l1, l2)
-  c = k['clip_ratio_c']
+  c = k.clip_ratio_c
   if c is None:
     loss, lower = lc, zero(x)
   else:
@@ -63,7 +61,7 @@ def vanilla(
   return weighted(loss, x), clip_metrics(x, d, mmean(l2 > l1, x), lower)
 
 
-def gspo(x: LossInputs, k: Mapping[str, object]) -> tuple[jax.Array, Metrics]:
+def gspo(x: LossInputs, k: PolicyKnobs) -> tuple[jax.Array, Metrics]:
   """GSPO-token with the stop-gradient trick (verl, SkyRL gspo).
 
   `s_i = rmean(δ)` (unclamped), `λ = min(logp − sg(logp) + sg(s_i), 10)`,
@@ -80,9 +78,7 @@ def gspo(x: LossInputs, k: Mapping[str, object]) -> tuple[jax.Array, Metrics]:
   return weighted(loss, x), clip_metrics(x, d, mmean(l2 > l1, x), zero(x))
 
 
-def gspo_seq(
-  x: LossInputs, k: Mapping[str, object]
-) -> tuple[jax.Array, Metrics]:
+def gspo_seq(x: LossInputs, k: PolicyKnobs) -> tuple[jax.Array, Metrics]:
   """GSPO-sequence (slime gspo): the ratio keeps its gradient through s_i.
 
   `s_i = rmean(δ)`, `ρ_i = exp(min(s_i, 10))` broadcast over the row;
@@ -97,7 +93,7 @@ def gspo_seq(
   return weighted(loss, x), clip_metrics(x, d, mmean(l2 > l1, x), zero(x))
 
 
-def sapo(x: LossInputs, k: Mapping[str, object]) -> tuple[jax.Array, Metrics]:
+def sapo(x: LossInputs, k: PolicyKnobs) -> tuple[jax.Array, Metrics]:
   """SAPO soft gate (verl, SkyRL).
 
   `τ = tau_pos` where A > 0, else `tau_neg`;
@@ -105,23 +101,20 @@ def sapo(x: LossInputs, k: Mapping[str, object]) -> tuple[jax.Array, Metrics]:
   """
   d = old_delta(x)
   rho = masked.exp_clamped(d)
-  tau = jnp.where(x.adv > 0, k['tau_pos'], k['tau_neg']).astype(d.dtype)
+  tau = jnp.where(x.adv > 0, k.tau_pos, k.tau_neg).astype(d.dtype)
   gate = jax.nn.sigmoid(tau * (rho - 1)) * (4 / tau)
   loss = -x.adv * gate
   return weighted(loss, x), clip_metrics(x, d, zero(x), zero(x))
 
 
-def cispo(x: LossInputs, k: Mapping[str, object]) -> tuple[jax.Array, Metrics]:
+def cispo(x: LossInputs, k: PolicyKnobs) -> tuple[jax.Array, Metrics]:
   """CISPO (verl, SkyRL, slime): clipped, stop-gradient IS weight on logp.
 
   κ_l, κ_h = `cispo_clip_low/high`, or ε_l, ε_h when None;
   `ℓ = −sg(clip(ρ, 1−κ_l, 1+κ_h))·A·logp·w`.
   Metrics: `pg_clipfrac = mmean(ρ ≠ clip(ρ))`, `pg_clipfrac_lower = 0`.
   """
-  lo = k['cispo_clip_low']
-  hi = k['cispo_clip_high']
-  lo = k['clip_ratio_low'] if lo is None else lo
-  hi = k['clip_ratio_high'] if hi is None else hi
+  lo, hi = k.cispo_bounds
   d = old_delta(x)
   rho = masked.exp_clamped(d)
   clipped = jnp.clip(rho, 1 - lo, 1 + hi)
@@ -137,9 +130,7 @@ def _cov(x: LossInputs) -> jax.Array:
   return (x.adv - mmean(x.adv, x)) * (lp - mmean(lp, x))
 
 
-def clip_cov(
-  x: LossInputs, k: Mapping[str, object]
-) -> tuple[jax.Array, Metrics]:
+def clip_cov(x: LossInputs, k: PolicyKnobs) -> tuple[jax.Array, Metrics]:
   """Clip-Cov (verl, SkyRL): PPO clip with random high-covariance exemptions.
 
   L1, L2 as in `vanilla` (no dual clip); `cov = (A − mmean A)(logp −
@@ -157,9 +148,9 @@ def clip_cov(
   else:
     cov = _cov(x)
     cand = x.mask & ~(l2 > l1)
-    cand = cand & (cov > k['clip_cov_lb']) & (cov < k['clip_cov_ub'])
+    cand = cand & (cov > k.clip_cov_lb) & (cov < k.clip_cov_ub)
     total = masked.count(x.mask, d.dtype)
-    n = jnp.maximum(jnp.floor(k['clip_cov_ratio'] * total), 1)
+    n = jnp.maximum(jnp.floor(k.clip_cov_ratio * total), 1)
     score = jax.random.uniform(x.key, d.shape, d.dtype)
     score = jnp.where(cand, score, jnp.inf)
     pick = cand & (rank(score) < n)
@@ -171,7 +162,7 @@ def clip_cov(
   return weighted(loss, x), metrics
 
 
-def kl_cov(x: LossInputs, k: Mapping[str, object]) -> tuple[jax.Array, Metrics]:
+def kl_cov(x: LossInputs, k: PolicyKnobs) -> tuple[jax.Array, Metrics]:
   """KL-Cov (verl, SkyRL): a |δ| penalty on the top-covariance tokens.
 
   Over the N valid tokens, `cov = (A − Ā)(sg logp − l̄)` (plain means over
@@ -182,20 +173,16 @@ def kl_cov(x: LossInputs, k: Mapping[str, object]) -> tuple[jax.Array, Metrics]:
   """
   d = old_delta(x)
   base = -x.adv * masked.exp_clamped(d)
-  with_kl = base + k['ppo_kl_coef'] * masked.abs_sign(d)
+  with_kl = base + k.ppo_kl_coef * masked.abs_sign(d)
   total = masked.count(x.mask, d.dtype)
-  n = jnp.where(
-    total > 0, jnp.maximum(jnp.floor(total * k['kl_cov_ratio']), 1), 0
-  )
+  n = jnp.where(total > 0, jnp.maximum(jnp.floor(total * k.kl_cov_ratio), 1), 0)
   score = jnp.where(x.mask, -_cov(x), jnp.inf)
   top = x.mask & (rank(score) < n)
   loss = jnp.where(top, with_kl, base)
   return weighted(loss, x), {'actor/ppo_kl': mmean(jnp.abs(d), x)}
 
 
-def geo_mean(
-  x: LossInputs, k: Mapping[str, object]
-) -> tuple[jax.Array, Metrics]:
+def geo_mean(x: LossInputs, k: PolicyKnobs) -> tuple[jax.Array, Metrics]:
   """GMPO, the geometric-mean sequence loss (verl geo_mean).
 
   `x_t = sgn(A)·min(sgn(A)·δ̂, sgn(A)·clip(δ̂, −ε_l, ε_h))`,
@@ -207,7 +194,7 @@ def geo_mean(
   """
   d = old_delta(x)
   dh = clamp(d)
-  dc = jnp.clip(dh, -k['clip_ratio_low'], k['clip_ratio_high'])
+  dc = jnp.clip(dh, -k.clip_ratio_low, k.clip_ratio_high)
   sgn = jnp.sign(x.adv)
   xt = sgn * jnp.minimum(sgn * dh, sgn * dc)
   rho = masked.exp_clamped(masked.row_mean(xt, x.mask))
@@ -222,14 +209,9 @@ def geo_mean(
   )
 
 
-def _dppo(x: LossInputs, k: Mapping[str, object], kind: str):
+def _dppo(x: LossInputs, k: PolicyKnobs, kind: str):
   """Shared body of `dppo_tv` and `dppo_kl`."""
-  lo = k['dppo_delta_low']
-  hi = k['dppo_delta_high']
-  lo = k['clip_ratio_low'] if lo is None else lo
-  hi = k['clip_ratio_high'] if hi is None else hi
-  cap = k['dppo_ratio_cap']
-  cap = k['clip_ratio_c'] if cap is None else cap
+  lo, hi, cap = k.dppo_bounds
   cap = jnp.inf if cap is None else cap
   d = old_delta(x)
   rho = masked.exp_clamped(d)
@@ -250,9 +232,7 @@ def _dppo(x: LossInputs, k: Mapping[str, object], kind: str):
   )
 
 
-def dppo_tv(
-  x: LossInputs, k: Mapping[str, object]
-) -> tuple[jax.Array, Metrics]:
+def dppo_tv(x: LossInputs, k: PolicyKnobs) -> tuple[jax.Array, Metrics]:
   """DPPO binary-TV (verl dppo_tv).
 
   p = exp(logp), p0 = exp(old_logp); c_d = `dppo_ratio_cap`, else
@@ -266,9 +246,7 @@ def dppo_tv(
   return _dppo(x, k, 'tv')
 
 
-def dppo_kl(
-  x: LossInputs, k: Mapping[str, object]
-) -> tuple[jax.Array, Metrics]:
+def dppo_kl(x: LossInputs, k: PolicyKnobs) -> tuple[jax.Array, Metrics]:
   """DPPO binary-KL (verl dppo_kl); as `dppo_tv` with the KL test.
 
   `bkl = p0·(old_logp − logp) + (1−p0)·log((1−p0+1e-8)/(1−p+1e-8))`,

@@ -19,14 +19,13 @@ Order within one step (docs/math/advantages.md §1): `place_at_last_token` →
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
-from typing import Any, NoReturn
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
+from jaxcorr.config.fields import fail, number, one_of, setting, validate
 from jaxcorr.losses import kl as kl_lib
 from jaxcorr.losses import masked
 
@@ -142,57 +141,35 @@ def apply_kl_penalty(
 # ------------------------------------------------------------ controllers
 
 
-def _fail(field: str, value: Any, allowed: str, why: str = '') -> NoReturn:
-  why = f' ({why})' if why else ''
-  raise ValueError(
-    f'KLControlConfig.{field}: invalid value {value!r}{why}; allowed: {allowed}'
-  )
-
-
-def _positive_or_zero(field: str, value: Any, strict: bool) -> float:
-  allowed = 'a finite float > 0' if strict else 'a finite float >= 0'
-  if not masked.is_number(value):
-    _fail(field, value, allowed, 'not a number')
-  out = float(value)
-  if not math.isfinite(out) or out < 0 or (strict and out == 0):
-    _fail(field, value, allowed)
-  return out
-
-
 @dataclasses.dataclass(frozen=True)
 class KLControlConfig:
   """KL-in-reward controller settings (verl `KLControlConfig`,
-  docs/math/advantages.md §8).
+  docs/math/advantages.md §8)."""
 
-  Attributes:
-    type: `'fixed'` (β constant) or `'adaptive'`.
-    kl_coef: initial β ≥ 0.
-    target_kl: adaptive only: the KL the controller steers to (> 0).
-    horizon: adaptive only: the number of sequences over which β may change
-      by a factor of up to e^{±0.2} (> 0).
-  """
-
-  type: str = 'fixed'
-  kl_coef: float = 0.001
-  target_kl: float = 0.1
-  horizon: int = 10000
+  type: str = setting(
+    'fixed',
+    one_of(*CONTROLLER_TYPES),
+    "Controller: 'fixed' (β constant) or 'adaptive' (β steered to target_kl).",
+  )
+  kl_coef: float = setting(
+    0.001, number(0), 'Initial β >= 0 of token_rewards = scores − β·kl.'
+  )
+  target_kl: float = setting(
+    0.1, number(0), 'adaptive: the per-token KL to steer to (> 0).'
+  )
+  horizon: int = setting(
+    10000,
+    number(0, allowed='a number >= 0'),
+    'adaptive: sequences over which β moves by up to a factor e^{±0.2} '
+    '(> 0; at start-up 0.2·batch_size/horizon must stay below 1).',
+  )
 
   def __post_init__(self):
-    if not isinstance(self.type, str) or self.type not in CONTROLLER_TYPES:
-      _fail('type', self.type, ', '.join(repr(t) for t in CONTROLLER_TYPES))
-    put = object.__setattr__
-    put(self, 'kl_coef', _positive_or_zero('kl_coef', self.kl_coef, False))
-    adaptive = self.type == 'adaptive'
-    put(
-      self,
-      'target_kl',
-      _positive_or_zero('target_kl', self.target_kl, adaptive),
-    )
-    h = self.horizon
-    if not masked.is_number(h):
-      _fail('horizon', h, 'a number > 0', 'not a number')
-    if not math.isfinite(h) or h < 0 or (adaptive and h == 0):
-      _fail('horizon', h, 'a number > 0' if adaptive else 'a number >= 0')
+    path = validate(self)
+    if self.type == 'adaptive':
+      for name in ('target_kl', 'horizon'):
+        if getattr(self, name) == 0:
+          fail(f'{path}.{name}', getattr(self, name), 'a number > 0')
 
 
 @flax.struct.dataclass
@@ -238,13 +215,16 @@ def update_kl_controller(
   return state.replace(coef=coef * mult)
 
 
-def check_kl_horizon(cfg: KLControlConfig, batch_size: int) -> None:
-  """Start-up check: `0.2·batch_size/horizon < 1` keeps the factor > 0."""
+def check_kl_horizon(
+  cfg: KLControlConfig, batch_size: int, path: str = 'KLControlConfig'
+) -> None:
+  """Start-up check: `0.2·batch_size/horizon < 1` keeps the factor > 0;
+  `path` names the section in the error."""
   if cfg.type != 'adaptive':
     return
   if not ADAPTIVE_CLIP * batch_size / cfg.horizon < 1:
     raise ValueError(
-      f'KLControlConfig.horizon: invalid value {cfg.horizon!r} for '
+      f'{path}.horizon: invalid value {cfg.horizon!r} for '
       f'batch_size={batch_size} (0.2*batch_size/horizon = '
       f'{ADAPTIVE_CLIP * batch_size / cfg.horizon:g}); allowed: horizon > '
       f'{ADAPTIVE_CLIP * batch_size:g}'

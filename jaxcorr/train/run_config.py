@@ -1,195 +1,257 @@
-"""The whole run's ConfigDict -> frozen, validated dataclasses (start-up).
+"""The trainer's config sections, each field declared once (start-up).
 
-`build(config)` is called once, before any device work: every field of every
-section is checked here (loss and correction sections through
-`jaxcorr.loss_config`, the algorithm through `jaxcorr.algorithm_config`), and
-so are the combinations that only make sense together (batch geometry and
-the mesh, a critic for GAE, a reference model for the KL terms, async mode
-and its staleness bound). Errors are `ValueError`s naming
-`config.<section>.<field>`, the value and the allowed values.
+`model`, `data`, `rollout`, `reward`, `train`, `optim`, `critic` and
+`algorithm`: every field is a `setting` (default, rule, doc) of the frozen
+dataclasses below. `configs/trainer.py` derives the ml-collections sections
+from them (`jaxcorr.config.convert.section`) and
+`jaxcorr.config.convert.build` turns a ConfigDict into the hashable
+`RunConfig` (a jit static argument), checking every field there and the
+combinations that only make sense together. To add a trainer field, add one
+`setting` here (and read it where it is used); configs, validation and the
+error message follow.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any
+from typing import TYPE_CHECKING
 
-import ml_collections
-
-from jaxcorr import algorithm_config, config_sections, loss_config
+from jaxcorr.config.fields import (
+  boolean,
+  canonical,
+  fail,
+  integer,
+  number,
+  one_of,
+  optional,
+  setting,
+  text,
+  validate,
+)
 from jaxcorr.losses import aggregate as agg_lib
-from jaxcorr.losses import masked, objective
-from jaxcorr.sharding import MeshConfig
+from jaxcorr.losses import kl as kl_lib
+from jaxcorr.losses.advantages import AdvantageConfig
+from jaxcorr.losses.rewards import KLControlConfig
+
+if TYPE_CHECKING:
+  from jaxcorr.losses.objective import LossConfigs
+  from jaxcorr.sharding import MeshConfig
 
 DTYPES = ('float32', 'bfloat16', 'float16')
+_POS, _NAT = integer(1), integer(0)
 
 
-def _fail(path: str, value: Any, allowed: str) -> None:
-  raise ValueError(f'{path}: invalid value {value!r}; allowed: {allowed}')
+def build(config):
+  """`jaxcorr.config.convert.build` (the trainer's entry point)."""
+  from jaxcorr.config import convert
 
-
-def _is_int(value: Any) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int(path: str, value: Any, lo: int) -> None:
-  if not _is_int(value) or value < lo:
-    _fail(path, value, f'an int >= {lo}')
-
-
-def _num(path: str, value: Any, lo: float, *, strict: bool = False) -> None:
-  ok = masked.is_number(value) and math.isfinite(value)
-  ok = ok and (value > lo if strict else value >= lo)
-  if not ok:
-    _fail(path, value, f'a finite number {">" if strict else ">="} {lo}')
-
-
-def _choice(path: str, value: Any, allowed: tuple) -> None:
-  if value not in allowed:
-    _fail(path, value, ', '.join(repr(a) for a in allowed))
-
-
-def _bool(path: str, value: Any) -> None:
-  if not isinstance(value, bool):
-    _fail(path, value, 'True, False')
+  return convert.build(config)
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  hf_path: str = ''
-  vocab_size: int = 32
-  hidden_size: int = 128
-  intermediate_size: int = 384
-  num_layers: int = 2
-  num_heads: int = 4
-  num_kv_heads: int = 2
-  tie_embeddings: bool = True
-  rope_theta: float = 10_000.0
-  max_position_embeddings: int = 512
-  initializer_range: float = 0.02
-  dtype: str = 'float32'
-  param_dtype: str = 'float32'
-  remat: str = 'none'
-  scan_layers: bool = False
-  logprob_chunk: int = 128
-  init_seed: int = 0
+  """The policy: a local Hugging Face checkpoint or a model from scratch.
+
+  The shape fields (vocab_size ... initializer_range) build a scratch model
+  and are ignored with `hf_path`; every field `TransformerConfig` shares is
+  passed on by name (`jaxcorr.train.loop.model_config`).
+  """
+
+  hf_path: str = setting(
+    '',
+    text,
+    'Local HF directory (config.json, *.safetensors, tokenizer.json); '
+    "'' builds a randomly initialised model from the shape fields.",
+  )
+  vocab_size: int = setting(32, _POS, 'Scratch model: vocabulary size.')
+  hidden_size: int = setting(128, _POS, 'Scratch model: width.')
+  intermediate_size: int = setting(384, _POS, 'Scratch model: MLP width.')
+  num_layers: int = setting(2, _POS, 'Scratch model: decoder layers.')
+  num_heads: int = setting(4, _POS, 'Scratch model: query heads.')
+  num_kv_heads: int = setting(2, _POS, 'Scratch model: KV heads (GQA).')
+  tie_embeddings: bool = setting(
+    True, boolean, 'Scratch model: the LM head reuses the embedding.'
+  )
+  rope_theta: float = setting(
+    10_000.0, number(0, lo_open=True), 'Scratch model: RoPE base.'
+  )
+  max_position_embeddings: int = setting(
+    512, _POS, 'Scratch model: longest sequence (prompt + response).'
+  )
+  initializer_range: float = setting(
+    0.02, number(0, lo_open=True), 'Std of the random init (scratch models).'
+  )
+  dtype: str = setting(
+    'float32',
+    one_of(*DTYPES),
+    'Trainer compute dtype; log-probs are always float32.',
+  )
+  param_dtype: str = setting(
+    'float32', one_of(*DTYPES), 'Stored parameter dtype of the policy.'
+  )
+  remat: str = setting(
+    'none', one_of('none', 'full', 'dots'), 'Activation checkpointing.'
+  )
+  scan_layers: bool = setting(
+    False, boolean, 'Scan over layers (one layer compiled once; long models).'
+  )
+  logprob_chunk: int = setting(
+    128, _POS, 'Positions per chunk of the chunked log-prob computation.'
+  )
+  init_seed: int = setting(0, _NAT, 'Seed of the random init.')
 
   def __post_init__(self):
-    p = 'config.model'
-    for name in (
-      'vocab_size',
-      'hidden_size',
-      'intermediate_size',
-      'num_layers',
-      'num_heads',
-      'num_kv_heads',
-      'max_position_embeddings',
-      'logprob_chunk',
-    ):
-      _int(f'{p}.{name}', getattr(self, name), 1)
-    _int(f'{p}.init_seed', self.init_seed, 0)
-    _choice(f'{p}.dtype', self.dtype, DTYPES)
-    _choice(f'{p}.param_dtype', self.param_dtype, DTYPES)
-    _choice(f'{p}.remat', self.remat, ('none', 'full', 'dots'))
-    _bool(f'{p}.tie_embeddings', self.tie_embeddings)
-    _bool(f'{p}.scan_layers', self.scan_layers)
-    _num(f'{p}.initializer_range', self.initializer_range, 0, strict=True)
+    validate(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-  source: str = 'arithmetic'
-  path: str = ''
-  eval_path: str = ''
-  prompt_field: str = 'question'
-  answer_field: str = 'answer'
-  answer_format: str = 'gsm8k'
-  prompt_template: str = '{prompt}'
-  shuffle: bool = True
-  num_examples: int = 100_000
-  seed: int = 0
-  max_operand: int = 99
-  ops: str = '+'
-  eval_examples: int = 256
+  """Prompts: the embedded arithmetic task or a local JSONL/Parquet file."""
+
+  source: str = setting(
+    'arithmetic',
+    one_of('arithmetic', 'jsonl', 'parquet'),
+    "'arithmetic' (generated, no files), 'jsonl' or 'parquet'.",
+  )
+  path: str = setting('', text, 'jsonl/parquet: the training file.')
+  eval_path: str = setting(
+    '',
+    text,
+    "jsonl/parquet: a held-out file for evaluation ('' takes eval prompts "
+    'from the end of a generated task, or none for files).',
+  )
+  prompt_field: str = setting(
+    'question', text, 'jsonl/parquet: the prompt field (GSM8K: question).'
+  )
+  answer_field: str = setting(
+    'answer', text, 'jsonl/parquet: the answer field (GSM8K: answer).'
+  )
+  answer_format: str = setting(
+    'gsm8k',
+    one_of('gsm8k', 'raw'),
+    "'gsm8k' (the answer after '####') or 'raw'.",
+  )
+  prompt_template: str = setting(
+    '{prompt}', text, "Text around the prompt; must contain '{prompt}'."
+  )
+  shuffle: bool = setting(
+    True,
+    boolean,
+    'Shuffle every epoch (deterministic from train.seed and the epoch).',
+  )
+  num_examples: int = setting(100_000, _POS, 'arithmetic: training examples.')
+  seed: int = setting(0, _NAT, 'arithmetic: seed of the training examples.')
+  max_operand: int = setting(99, _POS, 'arithmetic: largest operand.')
+  ops: str = setting(
+    '+', text, "arithmetic: the operators, a non-empty string of '+-*'."
+  )
+  eval_examples: int = setting(
+    256, _NAT, 'arithmetic: held-out evaluation examples (seed + 1).'
+  )
 
   def __post_init__(self):
-    p = 'config.data'
-    _choice(f'{p}.source', self.source, ('arithmetic', 'jsonl', 'parquet'))
+    p = validate(self)
     if self.source != 'arithmetic' and not self.path:
-      _fail(f'{p}.path', self.path, f'a local {self.source} file')
-    _choice(f'{p}.answer_format', self.answer_format, ('gsm8k', 'raw'))
+      fail(f'{p}.path', self.path, f'a local {self.source} file')
     from jaxcorr.train import data, tasks  # the template's own check
 
     data.format_prompt(self.prompt_template, tasks.Example('', ''))
-    _bool(f'{p}.shuffle', self.shuffle)
-    _int(f'{p}.num_examples', self.num_examples, 1)
-    _int(f'{p}.seed', self.seed, 0)
-    _int(f'{p}.max_operand', self.max_operand, 1)
-    _int(f'{p}.eval_examples', self.eval_examples, 0)
     if not self.ops or set(self.ops) - set('+-*'):
-      _fail(f'{p}.ops', self.ops, "a non-empty string of '+', '-', '*'")
+      fail(f'{p}.ops', self.ops, "a non-empty string of '+', '-', '*'")
 
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-  prompts_per_step: int = 16
-  samples_per_prompt: int = 8
-  max_prompt_length: int = 32
-  max_new_tokens: int = 16
-  temperature: float = 1.0
-  top_k: int = 0
-  top_p: float = 1.0
-  min_p: float = 0.0
-  logprob_mode: str = 'full'
-  max_concurrent_decodes: int = 64
-  engine_dtype: str = 'float32'
-  engine_quant: str = 'none'
-  mode: str = 'sync'
-  rollout_devices: int = 0
-  queue_size: int = 1
-  max_staleness: int | None = None
-  allow_nonfinite_logp: bool = False
-  max_error_fraction: float = 0.0
+  """Sampling with the JetStream engine, sync or async."""
 
-  @property
-  def batch_size(self) -> int:
-    return self.prompts_per_step * self.samples_per_prompt
+  prompts_per_step: int = setting(
+    16,
+    _POS,
+    'Prompts per RL step; the batch is prompts_per_step * '
+    'samples_per_prompt sequences.',
+  )
+  samples_per_prompt: int = setting(
+    8, _POS, 'Samples per prompt (the GRPO group size).'
+  )
+  max_prompt_length: int = setting(
+    32, _POS, 'Longest prompt in tokens (a longer prompt is an error).'
+  )
+  max_new_tokens: int = setting(16, _POS, 'Response length cap.')
+  temperature: float = setting(
+    1.0,
+    number(0, lo_open=True),
+    'Sampling temperature; the trainer scores with the same one.',
+  )
+  top_k: int = setting(0, _NAT, 'Top-k truncation (0: off).')
+  top_p: float = setting(
+    1.0, number(0, 1, lo_open=True), 'Nucleus truncation (1: off).'
+  )
+  min_p: float = setting(
+    0.0, number(0, 1, hi_open=True), 'Min-p truncation (0: off).'
+  )
+  logprob_mode: str = setting(
+    'full',
+    one_of('full', 'truncated'),
+    "μ for the correction: 'full' (verl) or 'truncated' (of the truncated "
+    'sampling distribution).',
+  )
+  max_concurrent_decodes: int = setting(64, _POS, 'Engine decode slots.')
+  engine_dtype: str = setting(
+    'float32',
+    one_of(*DTYPES),
+    'Engine parameter/compute dtype: a bf16 engine is the usual '
+    'training/inference mismatch.',
+  )
+  engine_quant: str = setting(
+    'none',
+    one_of('none', 'int8'),
+    "Engine weight quantisation: 'none' or 'int8' (per-row symmetric, "
+    'dequantised: a stronger, controlled mismatch).',
+  )
+  mode: str = setting(
+    'sync',
+    one_of('sync', 'async'),
+    "'sync' (rollout with the current weights, then train) or 'async' (a "
+    'producer thread on its own devices, bounded staleness).',
+  )
+  rollout_devices: int = setting(
+    0,
+    _NAT,
+    'async: devices of the rollout sub-mesh (the rest train); 0 shares the '
+    "trainer's devices.",
+  )
+  queue_size: int = setting(1, _POS, 'async: batches waiting in the queue.')
+  max_staleness: int | None = setting(
+    None,
+    optional(_NAT, 'unlimited; sync mode only'),
+    'Rows older than this many policy versions are dropped; async mode '
+    'also never samples further ahead. None: unlimited (sync).',
+  )
+  allow_nonfinite_logp: bool = setting(
+    False,
+    boolean,
+    'Non-finite rollout log-probs go to the in-graph rejection (True) or '
+    'fail host validation (False).',
+  )
+  max_error_fraction: float = setting(
+    0.0,
+    number(0, 1),
+    'Largest tolerated fraction of ERROR rows before the loop raises.',
+  )
 
   def __post_init__(self):
-    p = 'config.rollout'
-    for name in (
-      'prompts_per_step',
-      'samples_per_prompt',
-      'max_prompt_length',
-      'max_new_tokens',
-      'max_concurrent_decodes',
-      'queue_size',
-    ):
-      _int(f'{p}.{name}', getattr(self, name), 1)
-    _int(f'{p}.top_k', self.top_k, 0)
-    _int(f'{p}.rollout_devices', self.rollout_devices, 0)
-    _num(f'{p}.temperature', self.temperature, 0, strict=True)
-    if not 0 < self.top_p <= 1:
-      _fail(f'{p}.top_p', self.top_p, 'a number in (0, 1]')
-    if not 0 <= self.min_p < 1:
-      _fail(f'{p}.min_p', self.min_p, 'a number in [0, 1)')
-    _choice(f'{p}.logprob_mode', self.logprob_mode, ('full', 'truncated'))
-    _choice(f'{p}.engine_dtype', self.engine_dtype, DTYPES)
-    _choice(f'{p}.engine_quant', self.engine_quant, ('none', 'int8'))
-    _choice(f'{p}.mode', self.mode, ('sync', 'async'))
-    if self.max_staleness is not None:
-      _int(f'{p}.max_staleness', self.max_staleness, 0)
+    p = validate(self)
     if self.mode == 'async' and self.max_staleness is None:
-      _fail(
+      fail(
         f'{p}.max_staleness',
         None,
         "an int >= 0 with rollout.mode='async' (the producer may not run "
         'further ahead than this many policy versions)',
       )
-    _bool(f'{p}.allow_nonfinite_logp', self.allow_nonfinite_logp)
-    if not 0 <= self.max_error_fraction <= 1:
-      _fail(f'{p}.max_error_fraction', self.max_error_fraction, '[0, 1]')
+
+  @property
+  def batch_size(self) -> int:
+    return self.prompts_per_step * self.samples_per_prompt
 
   @property
   def truncation(self) -> bool:
@@ -198,11 +260,23 @@ class RolloutConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
-  functions: str = 'exact_match'
-  timeout_s: float = 5.0
+  """Reward functions of `jaxcorr.train.reward_fns`, by name."""
+
+  functions: str = setting(
+    'exact_match',
+    text,
+    "'name:weight,name:weight' (weight 1 when omitted): exact_match, "
+    'math_answer, format, arith_exact, or any registered name.',
+  )
+  timeout_s: float = setting(
+    5.0,
+    number(0),
+    'Seconds per call; a call that takes longer scores 0 (metric '
+    'reward/timeouts). 0: no timeout, call inline.',
+  )
 
   def __post_init__(self):
-    _num('config.reward.timeout_s', self.timeout_s, 0)
+    validate(self)
     from jaxcorr.train import reward_fns  # registry; imported lazily
 
     reward_fns.RewardScorer(reward_fns.parse_spec(self.functions), timeout_s=0)
@@ -210,93 +284,141 @@ class RewardConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-  num_steps: int = 100
-  sft_steps: int = 0
-  sft_batch_size: int = 64
-  ppo_epochs: int = 1
-  mini_batches: int = 1
-  micro_batches: int = 1
-  shuffle_minibatches: bool = True
-  checkpoint_every: int = 50
-  keep_checkpoints: int = 3
-  eval_every: int = 10
-  eval_prompts: int = 128
-  seed: int = 0
-  tensorboard: bool = True
-  log_every: int = 1
+  """Steps, batch geometry, evaluation, checkpoints and logging."""
+
+  num_steps: int = setting(100, _NAT, 'RL steps (one rollout batch each).')
+  sft_steps: int = setting(
+    0,
+    _NAT,
+    'Supervised warm-up steps (cross-entropy on prompt -> answer) before RL.',
+  )
+  sft_batch_size: int = setting(64, _POS, 'Sequences per SFT step.')
+  ppo_epochs: int = setting(1, _POS, 'Passes over each rollout batch.')
+  mini_batches: int = setting(
+    1, _POS, 'Optimizer updates per epoch (the batch is split into this many).'
+  )
+  micro_batches: int = setting(
+    1, _POS, 'Gradient-accumulation chunks per mini-batch (global divisors).'
+  )
+  shuffle_minibatches: bool = setting(
+    True,
+    boolean,
+    'Shuffle rows before splitting into mini-batches (PRNG from train.seed).',
+  )
+  checkpoint_every: int = setting(
+    50, _NAT, 'Save every N RL steps (0: only at the end and on SIGTERM).'
+  )
+  keep_checkpoints: int = setting(3, _POS, 'Checkpoints kept.')
+  eval_every: int = setting(
+    10,
+    _NAT,
+    'Greedy evaluation on held-out prompts every N RL steps (0: never); '
+    'also before the first RL step and at the end.',
+  )
+  eval_prompts: int = setting(128, _NAT, 'Held-out prompts per evaluation.')
+  seed: int = setting(
+    0, _NAT, 'Root seed: init, data order, sampling, mini-batch shuffles.'
+  )
+  tensorboard: bool = setting(
+    True, boolean, 'TensorBoard event files next to metrics.jsonl.'
+  )
+  log_every: int = setting(1, _POS, 'Console progress line every N steps.')
 
   def __post_init__(self):
-    p = 'config.train'
-    for name in ('num_steps', 'sft_steps', 'checkpoint_every', 'eval_every'):
-      _int(f'{p}.{name}', getattr(self, name), 0)
-    for name in (
-      'sft_batch_size',
-      'ppo_epochs',
-      'mini_batches',
-      'micro_batches',
-      'keep_checkpoints',
-      'log_every',
-    ):
-      _int(f'{p}.{name}', getattr(self, name), 1)
-    _int(f'{p}.eval_prompts', self.eval_prompts, 0)
-    _int(f'{p}.seed', self.seed, 0)
-    _bool(f'{p}.shuffle_minibatches', self.shuffle_minibatches)
-    _bool(f'{p}.tensorboard', self.tensorboard)
+    validate(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-  learning_rate: float = 1e-6
-  sft_learning_rate: float = 1e-3
-  warmup_steps: int = 0
-  schedule: str = 'constant'
-  min_lr_ratio: float = 0.1
-  weight_decay: float = 0.0
-  b1: float = 0.9
-  b2: float = 0.999
-  eps: float = 1e-8
-  max_grad_norm: float = 1.0
+  """optax AdamW with warmup + cosine decay and global-norm clipping."""
+
+  learning_rate: float = setting(
+    1e-6, number(0), 'Peak learning rate of the RL phase.'
+  )
+  sft_learning_rate: float = setting(
+    1e-3,
+    number(0),
+    'Peak learning rate of the SFT warm-up (its own schedule and moments).',
+  )
+  warmup_steps: int = setting(
+    0, _NAT, 'Linear warmup steps (optimizer updates), then the schedule.'
+  )
+  schedule: str = setting(
+    'constant',
+    one_of('constant', 'cosine'),
+    "'constant' or 'cosine' (to min_lr_ratio * peak at the last update).",
+  )
+  min_lr_ratio: float = setting(
+    0.1, number(0, 1), 'Final fraction of the peak of the cosine schedule.'
+  )
+  weight_decay: float = setting(
+    0.0, number(0), "AdamW's decoupled weight decay."
+  )
+  b1: float = setting(
+    0.9, number(0, 1, hi_open=True), "AdamW's first-moment decay."
+  )
+  b2: float = setting(
+    0.999, number(0, 1, hi_open=True), "AdamW's second-moment decay."
+  )
+  eps: float = setting(1e-8, number(0, lo_open=True), "AdamW's epsilon.")
+  max_grad_norm: float = setting(
+    1.0, number(0), 'Global-norm gradient clipping (0: off).'
+  )
 
   def __post_init__(self):
-    p = 'config.optim'
-    _num(f'{p}.learning_rate', self.learning_rate, 0)
-    _num(f'{p}.sft_learning_rate', self.sft_learning_rate, 0)
-    _int(f'{p}.warmup_steps', self.warmup_steps, 0)
-    _choice(f'{p}.schedule', self.schedule, ('constant', 'cosine'))
-    if not 0 <= self.min_lr_ratio <= 1:
-      _fail(f'{p}.min_lr_ratio', self.min_lr_ratio, 'a number in [0, 1]')
-    _num(f'{p}.weight_decay', self.weight_decay, 0)
-    for name in ('b1', 'b2'):
-      if not 0 <= getattr(self, name) < 1:
-        _fail(f'{p}.{name}', getattr(self, name), 'a number in [0, 1)')
-    _num(f'{p}.eps', self.eps, 0, strict=True)
-    _num(f'{p}.max_grad_norm', self.max_grad_norm, 0)
+    validate(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class CriticConfig:
-  enabled: bool = False
-  learning_rate: float = 1e-5
-  cliprange_value: float = 0.5
-  agg: str = 'token_mean'
+  """The value model for GAE (a copy of the policy with a scalar head)."""
+
+  enabled: bool = setting(
+    False, boolean, "Train a critic; required by algorithm.estimator='gae'."
+  )
+  learning_rate: float = setting(
+    1e-5, number(0), 'Peak learning rate of the critic.'
+  )
+  cliprange_value: float = setting(
+    0.5, number(0, lo_open=True), 'Value clipping ε of the clipped value loss.'
+  )
+  agg: str = setting(
+    'token_mean',
+    canonical(agg_lib.canonical_mode),
+    'Aggregation of the value loss (a token/seq mode of aggregate).',
+  )
 
   def __post_init__(self):
-    p = 'config.critic'
-    _bool(f'{p}.enabled', self.enabled)
-    _num(f'{p}.learning_rate', self.learning_rate, 0)
-    _num(f'{p}.cliprange_value', self.cliprange_value, 0, strict=True)
-    try:
-      object.__setattr__(self, 'agg', agg_lib.canonical_mode(self.agg))
-    except ValueError as e:
-      raise ValueError(f'{p}.agg: {e}') from e
+    validate(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmConfig:
+  """Advantages and KL in reward; `config.algorithm` holds the
+  `AdvantageConfig` fields, `kl_penalty` and the `kl_in_reward` section
+  (`KLControlConfig` plus its `enabled` switch)."""
+
+  advantage: AdvantageConfig = dataclasses.field(
+    default_factory=AdvantageConfig
+  )
+  kl_in_reward: KLControlConfig | None = None
+  kl_penalty: str = setting(
+    'k1',
+    canonical(kl_lib.canonical_estimator),
+    'KL-in-reward estimator: kl (k1), abs, mse (k2), low_var_kl (k3), or '
+    "any of them with a trailing + (its value, k2's gradient).",
+  )
+
+  def __post_init__(self):
+    validate(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
   """Everything static about a run (hashable: a jit static argument)."""
 
-  losses: loss_config.LossConfigs
-  algorithm: algorithm_config.AlgorithmConfig
+  losses: LossConfigs
+  algorithm: AlgorithmConfig
   model: ModelConfig
   data: DataConfig
   rollout: RolloutConfig
@@ -321,7 +443,7 @@ class RunConfig:
     return corr is None or corr.mode == 'decoupled'
 
 
-_SECTIONS = {
+SECTIONS: dict[str, type] = {
   'model': ModelConfig,
   'data': DataConfig,
   'rollout': RolloutConfig,
@@ -330,92 +452,4 @@ _SECTIONS = {
   'optim': OptimConfig,
   'critic': CriticConfig,
 }
-
-
-def _section(config: ml_collections.ConfigDict, name: str, cls: type) -> Any:
-  values = config_sections.values(config[name])
-  path = f'config.{name}'
-  config_sections.check_keys(path, values, config_sections.fields(cls))
-  return config_sections.construct(cls, path, values)
-
-
-def build(config: ml_collections.ConfigDict) -> RunConfig:
-  """Validates the whole config; see the module docstring."""
-  sections = {n: _section(config, n, c) for n, c in _SECTIONS.items()}
-  mesh_values = config_sections.values(config.mesh)
-  config_sections.check_keys(
-    'config.mesh', mesh_values, ('data', 'fsdp', 'tensor')
-  )
-  for axis, size in mesh_values.items():
-    if not _is_int(size) or not (size == -1 or size >= 1):
-      _fail(f'config.mesh.{axis}', size, 'a positive int or -1')
-  if list(mesh_values.values()).count(-1) > 1:
-    _fail('config.mesh', mesh_values, 'at most one axis of size -1')
-  run = RunConfig(
-    losses=loss_config.build(config),
-    algorithm=algorithm_config.build(config),
-    mesh=MeshConfig(**mesh_values),
-    **sections,
-  )
-  check_combinations(run)
-  return run
-
-
-def check_combinations(run: RunConfig) -> None:
-  """Cross-section rules (no device needed)."""
-  r, t = run.rollout, run.train
-  algorithm_config.check_startup(
-    run.algorithm,
-    batch_size=r.batch_size,
-    samples_per_prompt=r.samples_per_prompt,
-  )
-  chunks = t.mini_batches * t.micro_batches
-  if r.batch_size % t.mini_batches:
-    _fail(
-      'config.train.mini_batches',
-      t.mini_batches,
-      f'a divisor of the batch (rollout.prompts_per_step * '
-      f'samples_per_prompt = {r.batch_size})',
-    )
-  if chunks > r.batch_size:
-    _fail(
-      'config.train.micro_batches',
-      t.micro_batches,
-      f'at most batch/mini_batches = {r.batch_size // t.mini_batches}',
-    )
-  if run.algorithm.advantage.estimator == 'gae' and not run.critic.enabled:
-    _fail(
-      'config.critic.enabled',
-      False,
-      "True with algorithm.estimator='gae' (GAE needs values)",
-    )
-  if run.algorithm.advantage.estimator == 'remax':
-    _fail(
-      'config.algorithm.estimator',
-      'remax',
-      'an estimator other than remax: the trainer does not run the greedy '
-      'baseline rollout remax needs',
-    )
-  corr = run.losses.correction
-  if (
-    corr is not None
-    and corr.mode == 'bypass'
-    and t.micro_batches > 1
-    and objective.normalizer_kind(run.losses.actor) == 'mixed'
-  ):
-    _fail(
-      'config.actor.agg',
-      None,
-      'an explicit mode with bypass correction and train.micro_batches > 1 '
-      '(the policy loss and the entropy/KL terms would need different '
-      'global divisors)',
-    )
-  scratch = not run.model.hf_path
-  span = r.max_prompt_length + r.max_new_tokens
-  if scratch and span > run.model.max_position_embeddings:
-    _fail(
-      'config.rollout.max_new_tokens',
-      r.max_new_tokens,
-      f'max_prompt_length + max_new_tokens <= model.max_position_embeddings '
-      f'({run.model.max_position_embeddings})',
-    )
+"""The trainer sections that map one ConfigDict section to one dataclass."""

@@ -28,23 +28,11 @@ from jaxcorr.train.tasks import Example
 
 
 def model_config(run: run_lib.RunConfig) -> TransformerConfig:
-  """The scratch model's `TransformerConfig` (HF models bring their own)."""
-  m = run.model
+  """The scratch model's `TransformerConfig` (HF models bring their own):
+  every `config.model` field that `TransformerConfig` also has, by name."""
+  shared = TransformerConfig.__dataclass_fields__
   return TransformerConfig(
-    vocab_size=m.vocab_size,
-    hidden_size=m.hidden_size,
-    intermediate_size=m.intermediate_size,
-    num_layers=m.num_layers,
-    num_heads=m.num_heads,
-    num_kv_heads=m.num_kv_heads,
-    tie_embeddings=m.tie_embeddings,
-    rope_theta=m.rope_theta,
-    max_position_embeddings=m.max_position_embeddings,
-    initializer_range=m.initializer_range,
-    dtype=m.dtype,
-    param_dtype=m.param_dtype,
-    remat=m.remat,
-    scan_layers=m.scan_layers,
+    **{k: v for k, v in vars(run.model).items() if k in shared}
   )
 
 
