@@ -34,7 +34,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
-from etils import epath
 from flax import nnx
 
 from jaxcorr import sharding
@@ -45,6 +44,7 @@ from jaxcorr.rollout.validate import ValidationConfig, validate_rollout_batch
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train import checkpoint, data, metrics, preemption, text
 from jaxcorr.train import run_config as run_lib
+from jaxcorr.train import workdir as workdir_lib
 from jaxcorr.train.async_rollout import AsyncRollouts
 from jaxcorr.train.critic import ValueModel, init_from_policy
 from jaxcorr.train.reward_fns import RewardScorer, parse_spec
@@ -115,8 +115,10 @@ class Trainer:
     config: the locked ConfigDict (task config + preset + overrides).
     workdir: checkpoints, metrics.jsonl and TensorBoard files.
     config_name: the config string, recorded in checkpoints and logs.
-    read_only: build and restore only (export): write no config, metrics
-      or checkpoints.
+    read_only: build and restore only: write no config, metrics or
+      checkpoints.
+    allow_config_change: resume a workdir whose saved config differs
+      (`jaxcorr.train.workdir`).
   """
 
   def __init__(
@@ -126,6 +128,7 @@ class Trainer:
     *,
     config_name: str = '',
     read_only: bool = False,
+    allow_config_change: bool = False,
   ):
     self.run = run = run_lib.build(config)
     self.workdir = workdir
@@ -133,13 +136,13 @@ class Trainer:
     self.process_index = jax.process_index()
     self.process_count = jax.process_count()
     primary = self.process_index == 0 and not read_only
+    # [workdir hook] lock + config fingerprint before anything is written;
+    # config.json is written in train() after the restore.
+    self._claim = None
     if primary:
-      # epath: a gs:// workdir (TPU pods) gets the file next to the
-      # checkpoints; os.makedirs would make a local 'gs:' directory.
-      path = epath.Path(workdir)
-      path.mkdir(parents=True, exist_ok=True)
-      # Every override applied: what `jaxcorr.export` rebuilds the run from.
-      (path / 'config.json').write_text(config.to_json(indent=2))
+      self._claim = workdir_lib.claim(
+        workdir, config, allow_change=allow_config_change
+      )
     if self.process_count > 1 and run.rollout.rollout_devices:
       raise ValueError(
         'config.rollout.rollout_devices must be 0 with several processes: '
@@ -559,6 +562,8 @@ class Trainer:
     run = self.run
     t = run.train
     self.restore()
+    if self._claim is not None:  # [workdir hook] after a restore or none
+      self._claim.write_config()
     if not self.sft_done:
       logging.info('SFT warm-up: %d steps', t.sft_steps)
       self.run_sft()
@@ -634,7 +639,11 @@ class Trainer:
         producer.close()
       self.checkpointer.wait()
       self.writer.close()
+      if self._claim is not None:  # [workdir hook]
+        self._claim.release()
     return last
 
   def close(self) -> None:
     self.checkpointer.close()
+    if self._claim is not None:  # [workdir hook]
+      self._claim.release()
