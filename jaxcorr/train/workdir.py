@@ -146,7 +146,7 @@ class Claim:
     path = epath.Path(self.workdir) / CONFIG_FILE
     tmp = path.parent / f'{CONFIG_FILE}.tmp'
     tmp.write_text(self._config_json)
-    tmp.rename(path)
+    tmp.replace(path)
 
   def release(self) -> None:
     if self._lock is not None:
