@@ -88,7 +88,9 @@ def test_changed_learning_rate_is_refused_before_anything_is_written(
 def test_changed_preset_is_refused_and_resumable_fields_are_not(tmp_path):
   _saved_run(tmp_path, _config())
   other = arith_tiny.get_config('pulse+bypass_pg_geo_rs')
-  with pytest.raises(workdir_lib.ConfigChanged, match='config.correction.mode'):
+  with pytest.raises(
+    workdir_lib.ConfigChanged, match=r'config\.correction\.mode'
+  ):
     workdir_lib.claim(str(tmp_path), other)
   longer = _config()
   longer.train.num_steps = 1000

@@ -197,6 +197,7 @@ class Trainer:
     )
     self.step = 0
     self.sft_done = run.train.sft_steps == 0
+    self.preempted = False  # [preemption hook] train() stopped on a signal
 
   # ------------------------------------------------------------ set-up
 
@@ -590,7 +591,9 @@ class Trainer:
       )
     last: dict[str, float] = {}
     try:
-      with preemption.PreemptionGuard() as guard:
+      # [preemption hook] Ctrl-C checkpoints like SIGTERM (a second one
+      # interrupts at once).
+      with preemption.PreemptionGuard(catch_sigint=True) as guard:
         if self.step == 0 and t.eval_every:
           last = {'step': 0}
           self._evaluate(last)
@@ -633,6 +636,7 @@ class Trainer:
             self.save(force=True)
           if stop:
             logging.warning('preemption: checkpoint at step %d', self.step)
+            self.preempted = True  # [preemption hook]
             break
     finally:
       if producer is not None:

@@ -41,20 +41,22 @@ CHECKPOINT_DIR = 'checkpoints'
 
 # Fields that may differ on resume: how long and how often, not what is
 # trained (the run stays the same run).
-RESUMABLE = frozenset({
-  'train.num_steps',
-  'train.checkpoint_every',
-  'train.keep_checkpoints',
-  'train.eval_every',
-  'train.eval_prompts',
-  'train.log_every',
-  'train.tensorboard',
-  'data.path',
-  'data.eval_path',
-  'reward.timeout_s',
-  'reward.step_budget_s',
-  'rollout.max_concurrent_decodes',
-})
+RESUMABLE = frozenset(
+  {
+    'train.num_steps',
+    'train.checkpoint_every',
+    'train.keep_checkpoints',
+    'train.eval_every',
+    'train.eval_prompts',
+    'train.log_every',
+    'train.tensorboard',
+    'data.path',
+    'data.eval_path',
+    'reward.timeout_s',
+    'reward.step_budget_s',
+    'rollout.max_concurrent_decodes',
+  }
+)
 
 
 class WorkdirBusy(RuntimeError):
@@ -90,11 +92,13 @@ def config_changes(
       continue
     va, vb = a.get(key, missing), b.get(key, missing)
     if va != vb:
-      out.append((
-        key,
-        '(absent)' if va is missing else va,
-        '(absent)' if vb is missing else vb,
-      ))
+      out.append(
+        (
+          key,
+          '(absent)' if va is missing else va,
+          '(absent)' if vb is missing else vb,
+        )
+      )
   return out
 
 
@@ -154,9 +158,7 @@ class Claim:
       self._lock = None
 
 
-def claim(
-  workdir: str, config: Any, *, allow_change: bool = False
-) -> Claim:
+def claim(workdir: str, config: Any, *, allow_change: bool = False) -> Claim:
   """Locks `workdir` and checks `config` (a ConfigDict) against the run
   saved there (module doc). Writes nothing but the lock file; raises
   `WorkdirBusy` or `ConfigChanged`."""
@@ -188,7 +190,9 @@ def claim(
             'another --workdir, or pass --allow_config_change to resume '
             'with them'
           )
-        logging.warning('resuming %s with a changed config: %s', workdir, listed)
+        logging.warning(
+          'resuming %s with a changed config: %s', workdir, listed
+        )
   except BaseException:
     if lock is not None:
       lock.release()
