@@ -128,8 +128,11 @@ def reward_section() -> ml_collections.ConfigDict:
   # math_answer, format, arith_exact, or any registered name.
   w.functions = 'exact_match'
   # Seconds per call; a call that takes longer scores 0 (metric
-  # reward/timeouts). 0: no timeout, call inline.
+  # reward/timeouts). 0: no per-call limit (the step budget still applies).
   w.timeout_s = 5.0
+  # Seconds all reward calls of one step may take; calls unfinished then
+  # score 0 (reward/timeouts, reward/budget_exceeded). 0: no budget.
+  w.step_budget_s = 300.0
   return w
 
 

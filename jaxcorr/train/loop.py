@@ -42,7 +42,14 @@ from jaxcorr.model import Transformer, TransformerConfig, load_hf
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.validate import ValidationConfig, validate_rollout_batch
 from jaxcorr.train import batch as batch_lib
-from jaxcorr.train import checkpoint, data, metrics, preemption, text
+from jaxcorr.train import (
+  checkpoint,
+  data,
+  metrics,
+  preemption,
+  reward_fns,
+  text,
+)
 from jaxcorr.train import run_config as run_lib
 from jaxcorr.train import workdir as workdir_lib
 from jaxcorr.train.async_rollout import AsyncRollouts
@@ -176,7 +183,9 @@ class Trainer:
     self._build_state()
     self._build_data()
     self.scorer = RewardScorer(
-      parse_spec(run.reward.functions), timeout_s=run.reward.timeout_s
+      parse_spec(run.reward.functions),
+      timeout_s=run.reward.timeout_s,
+      step_budget_s=run.reward.step_budget_s,  # [reward hook]
     )
     self.engine = self._engine(self.rollout_mesh)
     self.stage = RolloutStage(run, self.engine, self.tokenizer, self.scorer)
@@ -488,6 +497,8 @@ class Trainer:
     r = run.rollout
     rb = scored.batch
     validate_rollout_batch(rb, self._validation())
+    # [reward hook] cast and checked in the update's dtype (float32).
+    scored.rewards = reward_fns.check_rewards(scored.rewards, np.float32)
     host = batch_lib.rollout_metrics(
       rb,
       scored.rewards,

@@ -200,9 +200,11 @@ class RolloutConfig:
 class RewardConfig:
   functions: str = 'exact_match'
   timeout_s: float = 5.0
+  step_budget_s: float = 300.0  # [h18 reward budget]
 
   def __post_init__(self):
     _num('config.reward.timeout_s', self.timeout_s, 0)
+    _num('config.reward.step_budget_s', self.step_budget_s, 0)  # [h18]
     from jaxcorr.train import reward_fns  # registry; imported lazily
 
     reward_fns.RewardScorer(reward_fns.parse_spec(self.functions), timeout_s=0)
