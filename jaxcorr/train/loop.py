@@ -47,6 +47,7 @@ from jaxcorr.train import (
   data,
   metrics,
   preemption,
+  prompt_check,
   reward_fns,
   text,
 )
@@ -309,6 +310,14 @@ class Trainer:
     )
     # Held-out prompts: data.make_eval_source, else the first training ones.
     eval_source = data.make_eval_source(d) or source
+    # [data hook] every prompt tokenized and length-checked at start-up.
+    for src in {id(source): source, id(eval_source): eval_source}.values():
+      prompt_check.check_prompts(
+        src,
+        self.tokenizer.encode,
+        template=d.prompt_template,
+        max_prompt_length=run.rollout.max_prompt_length,
+      )
     n = min(run.train.eval_prompts, len(eval_source))
     n -= n % self.process_count
     share = n // max(self.process_count, 1)
