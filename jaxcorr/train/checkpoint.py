@@ -166,6 +166,9 @@ class Checkpointer:
     async_save: write in a background thread. `save` returns once the
       arrays are copied to host memory, so the caller may update or donate
       them right away; `wait()` blocks until the write is committed.
+    read_only: only read (`jaxcorr.export` next to a live run): the
+      directory is neither created nor cleaned of temporary directories,
+      which may be another process's saves in flight.
   """
 
   def __init__(
@@ -175,6 +178,7 @@ class Checkpointer:
     every: int,
     keep: int,
     async_save: bool = False,
+    read_only: bool = False,
   ):
     if isinstance(every, bool) or not isinstance(every, int):
       raise ValueError(f'every must be an int, got {every!r}')
@@ -185,10 +189,12 @@ class Checkpointer:
     self.keep = keep
     self.async_save = bool(async_save)
     options = ocp.CheckpointManagerOptions(
-      max_to_keep=keep,
-      save_interval_steps=1,  # `should_save` decides; saves are forced
-      create=True,
-      cleanup_tmp_directories=True,
+      max_to_keep=None if read_only else keep,
+      # `should_save` decides; saves are forced.
+      save_interval_steps=0 if read_only else 1,
+      create=not read_only,
+      cleanup_tmp_directories=not read_only,
+      read_only=read_only,
       enable_async_checkpointing=self.async_save,
     )
     self._manager = ocp.CheckpointManager(
@@ -359,6 +365,51 @@ class Checkpointer:
       dst.rmtree()
     src.rename(dst)
     self._manager.reload()
+
+  def restore_subtree(
+    self, path: tuple[str, ...], abstract: Any, step: int | None = None
+  ) -> tuple[Any, dict[str, Any], int]:
+    """`(value, meta, step)`: the sub-tree at `path` of the saved state
+    (e.g. `('state', 'params')`, the policy of the trainer's `{'state':
+    TrainState, 'ref': ...}`) without the rest, for readers that have no
+    full restore target (`jaxcorr.export`). `step=None`: the latest. The
+    same one-line `CheckpointError` as `restore`."""
+    steps = self.all_steps()
+    if not steps:
+      raise FileNotFoundError(f'no checkpoint in {self.directory}')
+    if step is None:
+      step = steps[-1]
+    elif step not in steps:
+      raise FileNotFoundError(
+        f'no checkpoint of step {step} in {self.directory}; have {steps}'
+      )
+    _check_target(abstract)
+    item = _to_pure(abstract)
+    for key in reversed(path):
+      item = {key: item}
+    try:
+      restored = self._manager.restore(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(
+            item=item,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+            partial_restore=True,
+          ),
+          meta=ocp.args.JsonRestore(),
+        ),
+      )
+    except Exception as e:  # orbax / tensorstore / json: one line
+      raise CheckpointError(
+        f'restoring {"/".join(path)} of checkpoint step {step} of '
+        f'{self.directory} '
+        f'failed: {type(e).__name__}: {_one_line(e)}'
+      ) from None
+    value = restored['state']
+    for key in path:
+      value = value[key]
+    value = _from_pure(abstract, value)
+    return value, dict(restored['meta']), step
 
   # ------------------------------------------------------------ closing
 
