@@ -15,7 +15,14 @@ import numpy as np
 from flax import nnx
 
 from configs import arith_tiny
+from jaxcorr.train import reward_fns
 from jaxcorr.train.loop import Trainer
+
+LENGTH_REWARD = 'test_critic_response_length'
+if LENGTH_REWARD not in reward_fns.REWARDS:
+  # An untrained model never solves a problem: with exact match alone every
+  # reward, value target and advantage would be 0 and nothing would move.
+  reward_fns.register(LENGTH_REWARD)(lambda response, answer: len(response))
 
 
 def test_ppo_with_critic_trains_after_sft(tmp_path):
@@ -25,6 +32,7 @@ def test_ppo_with_critic_trains_after_sft(tmp_path):
   config.algorithm.gamma = 1.0
   config.algorithm.lam = 0.95
   config.train.eval_every = 0
+  config.reward.functions = f'exact_match,{LENGTH_REWARD}:0.1'
   assert config.train.sft_steps > 0
   trainer = Trainer(config, str(tmp_path))
   trainer.train()
@@ -40,6 +48,7 @@ def test_ppo_with_critic_trains_after_sft(tmp_path):
   # apart from it: its own buffers, now with other values.
   critic = nnx.merge(trainer.critic_graphdef, trainer.state.critic_params)
   policy = nnx.merge(trainer.graphdef, trainer.state.params)
+  assert np.any(np.asarray(critic.head[...]) != 0)  # the head learned
   c = jax.tree.leaves(nnx.state(critic.backbone, nnx.Param))
   p = jax.tree.leaves(nnx.state(policy, nnx.Param))
   assert len(c) == len(p)
