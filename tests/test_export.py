@@ -63,7 +63,9 @@ def test_export_from_the_checkpoint_alone(tmp_path):
 
 def test_workdir_without_checkpoints_is_a_clear_error(tmp_path):
   workdir, _ = _run_dir(tmp_path)
-  with pytest.raises(FileNotFoundError, match=r'no checkpoint in .*checkpoints'):
+  with pytest.raises(
+    FileNotFoundError, match=r'no checkpoint in .*checkpoints'
+  ):
     export.export(str(workdir), str(tmp_path / 'hf'))
   (workdir / 'checkpoints' / '3.orbax-checkpoint-tmp-1').mkdir(parents=True)
   with pytest.raises(FileNotFoundError, match='has not saved a step yet'):
