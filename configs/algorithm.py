@@ -14,8 +14,8 @@ Recipes (docs/math/advantages.md §5)::
   Dr.GRPO    --config.algorithm.estimator=grpo
              --config.algorithm.norm_adv_by_std=false
              --config.actor.agg=seq_mean_token_sum_norm
-  PPO        --config.algorithm.estimator=gae --config.algorithm.gamma=1.0
-             --config.algorithm.lam=0.95   (plus the critic's value loss)
+  PPO        --config.critic.enabled=true --config.algorithm.estimator=gae
+             --config.algorithm.gamma=1.0 --config.algorithm.lam=0.95
   KL reward  --config.algorithm.kl_in_reward.enabled=true
              --config.algorithm.kl_in_reward.type=adaptive
              --config.algorithm.kl_penalty=low_var_kl

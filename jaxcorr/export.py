@@ -4,20 +4,27 @@
   python -m jaxcorr.export --workdir=gs://bucket/run --out=/models/mine \\
       --step=200 --dtype=bfloat16
 
-Reads `<workdir>/config.json` (written by `jaxcorr.main` at start-up, with
-every override applied), rebuilds the run's model and state layout, restores
-the latest (or `--step`) checkpoint and writes config.json + safetensors
-that `transformers` loads (`jaxcorr.model.save_hf`). For a model that came
-from a HF checkpoint its tokenizer files are copied too; the embedded
-arithmetic task's character tokenizer has no HF equivalent, so only the
-weights and config are written there.
+Reads the run's model section from `<workdir>/config.json` (written by
+`jaxcorr.main` once the run started, with every override applied), builds
+the model's shapes, and restores only the policy's params of the latest (or
+`--step`) checkpoint onto one device: no Trainer, no data, no reward
+registry, no optimizer state. Then writes config.json + safetensors that
+`transformers` loads (`jaxcorr.model.save_hf`), with the tokenizer's end
+token as `eos_token_id` so `generate` stops there. For a model that came
+from a HF checkpoint its tokenizer files are copied too (that directory
+must still exist: it holds the architecture); the embedded arithmetic
+task's character tokenizer has no HF equivalent, so only the weights and
+config are written there, with its BOS/EOS/PAD ids.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
+from typing import Any
 
+import jax
 import ml_collections
 from absl import app, flags
 from etils import epath
@@ -31,6 +38,24 @@ _DTYPE = flags.DEFINE_enum(
 )
 
 CONFIG_FILE = 'config.json'
+
+# config.model fields that are TransformerConfig fields of a scratch model.
+_SCRATCH_FIELDS = (
+  'vocab_size',
+  'hidden_size',
+  'intermediate_size',
+  'num_layers',
+  'num_heads',
+  'num_kv_heads',
+  'tie_embeddings',
+  'rope_theta',
+  'max_position_embeddings',
+  'initializer_range',
+  'dtype',
+  'param_dtype',
+  'remat',
+  'scan_layers',
+)
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
@@ -46,32 +71,84 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   return config
 
 
+def model_config(config: Any) -> Any:
+  """The policy's `TransformerConfig` from a run config's model section,
+  with the run tokenizer's special ids (module doc)."""
+  from jaxcorr.model import TransformerConfig
+
+  m = config.model
+  if m.hf_path:
+    if not os.path.isdir(m.hf_path):
+      raise FileNotFoundError(
+        f"config.model.hf_path={m.hf_path!r} (the run's base model) is "
+        'gone: its config.json holds the architecture to export'
+      )
+    return TransformerConfig.from_hf_config(
+      m.hf_path,
+      param_dtype=m.param_dtype,
+      dtype=m.dtype,
+      remat=m.remat,
+      scan_layers=m.scan_layers,
+    )
+  from jaxcorr.train.tasks import CharTokenizer
+
+  tok = CharTokenizer()
+  return TransformerConfig(
+    **{k: m[k] for k in _SCRATCH_FIELDS},
+    bos_token_id=tok.bos_id,
+    eos_token_id=tok.eos_id,
+    pad_token_id=tok.pad_id,
+  )
+
+
 def export(
   workdir: str, out: str, *, step: int | None = None, dtype: str | None = None
 ) -> int:
   """Writes the policy of `workdir`'s checkpoint to `out`; returns the step."""
-  from jaxcorr.model import save_hf
-  from jaxcorr.train.loop import Trainer
+  from jaxcorr.model import Transformer, save_hf
+  from jaxcorr.train import checkpoint
 
-  trainer = Trainer(load_run_config(workdir), workdir, read_only=True)
-  if not trainer.restore(step=step):
-    raise FileNotFoundError(f'no checkpoint in {workdir}')
-  model = nnx.merge(trainer.graphdef, trainer.state.params)
+  config = load_run_config(workdir)
+  ckpt_dir = os.path.join(workdir, 'checkpoints')
+  if not (
+    epath.Path(ckpt_dir).is_dir()
+    and any(p.name.isdigit() for p in epath.Path(ckpt_dir).iterdir())
+  ):
+    raise FileNotFoundError(
+      f'no checkpoint in {ckpt_dir}: the run in {workdir} has not saved a '
+      'step yet (the first is written after the SFT warm-up)'
+    )
+  cfg = model_config(config)
+  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  graphdef, shapes = nnx.split(abstract)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes
+  )
+  with checkpoint.Checkpointer(
+    ckpt_dir, every=0, keep=1, read_only=True
+  ) as ckpt:
+    params, _, step = ckpt.restore_subtree(
+      ('state', 'params'), target, step=step
+    )
   save_hf(
-    model,
+    nnx.merge(graphdef, params),
     out,
     dtype=dtype,
-    tokenizer_dir=trainer.run.model.hf_path or None,
+    tokenizer_dir=config.model.hf_path or None,
   )
-  return trainer.step
+  return step
 
 
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  step = export(
-    _WORKDIR.value, _OUT.value, step=_STEP.value, dtype=_DTYPE.value
-  )
+  try:
+    step = export(
+      _WORKDIR.value, _OUT.value, step=_STEP.value, dtype=_DTYPE.value
+    )
+  except FileNotFoundError as e:
+    raise app.UsageError(str(e)) from None
   print(f'exported step {step} of {_WORKDIR.value} to {_OUT.value}')
 
 

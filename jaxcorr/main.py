@@ -10,7 +10,13 @@
 override (`--config.train.num_step=5`) fails before anything runs, and
 `jaxcorr.train.run_config.build` validates every field and combination at
 start-up. Re-running with the same `--workdir` resumes from its latest
-checkpoint. Multi-process runs: see `jaxcorr.distributed` and docs/tpu.md.
+checkpoint; a changed config is refused unless `--allow_config_change`, and
+a second trainer on a workdir in use is refused (`jaxcorr.train.workdir`).
+Multi-process runs: see `jaxcorr.distributed` and docs/tpu.md.
+
+Exit status: 0 when `train.num_steps` were run; 75 (`EXIT_PREEMPTED`) when
+SIGTERM or Ctrl-C stopped the run after a checkpoint (re-run to resume);
+1 on an error.
 
 The console shows the progress lines and jaxcorr's own logs; the libraries'
 INFO logs (orbax's checkpoint lines, ...) only with `--verbose_libs`
@@ -36,6 +42,11 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string(
   'workdir', None, 'Checkpoints, metrics.jsonl and TensorBoard files.'
 )
+_ALLOW_CHANGE = flags.DEFINE_bool(
+  'allow_config_change',
+  False,
+  'Resume a workdir whose saved config.json differs from this config.',
+)
 
 
 def _config_name(argv: Sequence[str]) -> str:
@@ -60,13 +71,23 @@ def main(argv: Sequence[str]) -> None:
     distributed.initialize_from_flags()
   except ValueError as e:
     raise app.UsageError(str(e)) from e
+  from jaxcorr.train import preemption, workdir
   from jaxcorr.train.loop import Trainer
 
-  trainer = Trainer(
-    _CONFIG.value, _WORKDIR.value, config_name=_config_name(sys.argv)
-  )
+  try:
+    trainer = Trainer(
+      _CONFIG.value,
+      _WORKDIR.value,
+      config_name=_config_name(sys.argv),
+      allow_config_change=_ALLOW_CHANGE.value,
+    )
+  except (workdir.WorkdirBusy, workdir.ConfigChanged) as e:
+    raise app.UsageError(str(e)) from e
   last = trainer.train()
   keys = ('step', 'reward/mean', 'eval/accuracy')
+  if trainer.preempted:
+    print(f'preempted: checkpoint at step {trainer.step}; re-run to resume')
+    sys.exit(preemption.EXIT_PREEMPTED)
   logging.info('done: %s', {k: last.get(k) for k in keys if k in last})
   print('done:', ', '.join(f'{k}={last[k]:.4g}' for k in keys if k in last))
 

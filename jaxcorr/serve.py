@@ -17,10 +17,56 @@ import argparse
 import logging
 from typing import Any
 
+import grpc
 import jax
+import numpy as np
 from flax import nnx
 
 from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
+
+
+class InvalidRequest(ValueError):
+  """A `DecodeRequest` the engine cannot serve (`check_request`)."""
+
+
+def check_request(engine: PolicyEngine, request: Any) -> None:
+  """Raises `InvalidRequest` for a JetStream `ActiveRequest` the engine
+  cannot serve: text that its tokenizer rejects (for `IdTokenizer`: not
+  whitespace-separated ids, or an id outside the vocabulary), token ids
+  outside `[0, vocab_size)`, an empty prompt, a prompt longer than
+  `max_prefill_length` once BOS is added, or `max_tokens` < 1 or past
+  `max_target_length`."""
+  content = request.prefill_content
+  tokenizer = engine.build_tokenizer(engine.get_tokenizer())
+  vocab = engine.config.vocab_size
+  if isinstance(content, str):
+    try:
+      ids, n = tokenizer.encode(content)
+    except Exception as e:  # the tokenizer's own message
+      raise InvalidRequest(f'text_content: {e}') from None
+    ids = np.asarray(ids).reshape(-1)[:n]
+  else:
+    ids = np.asarray(list(content), np.int64)
+  if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+    bad = ids[(ids < 0) | (ids >= vocab)][0]
+    raise InvalidRequest(
+      f'token id {int(bad)} is outside the vocabulary [0, {vocab})'
+    )
+  # The orchestrator prepends BOS unless the request continues a session.
+  n = int(ids.size) + (0 if request.history_path else 1)
+  if n < 1:
+    raise InvalidRequest('empty prompt')
+  if n > engine.max_prefill_length:
+    raise InvalidRequest(
+      f"the prompt has {n} tokens (BOS included) > the server's "
+      f'--max-prefill-length={engine.max_prefill_length}'
+    )
+  room = engine.max_target_length - n
+  if not 1 <= request.max_tokens <= room:
+    raise InvalidRequest(
+      f"max_tokens={request.max_tokens}: allowed 1..{room} (the server's "
+      f'--max-target-length={engine.max_target_length} minus the prompt)'
+    )
 
 
 def start_server(
@@ -28,12 +74,17 @@ def start_server(
 ) -> Any:
   """Start JetStream's gRPC server on localhost:`port` serving `engine`
   (interleaved prefill and generate on the engine's devices); returns its
-  `JetStreamServer` (`.stop()`)."""
+  `JetStreamServer` (`.stop()`).
+
+  Requests are checked (`check_request`) before they reach the engine: a
+  bad one fails its own RPC with the reason in the status details, and the
+  server keeps serving. (Unchecked, the exception would be raised in
+  JetStream's prefill thread, which kills the whole process.)"""
   # Imported here, and root logging restored after: JetStream's orchestrator
   # sets the root logger to DEBUG with its own stdout handler on import.
   root = logging.getLogger()
   level, handlers = root.level, list(root.handlers)
-  from jetstream.core import config_lib, server_lib
+  from jetstream.core import orchestrator, server_lib
 
   root.setLevel(level)
   root.handlers[:] = handlers
@@ -42,18 +93,34 @@ def start_server(
   # removed; alias the public replacement so its threads do not die.
   if not hasattr(jax, 'tree_map'):
     jax.tree_map = jax.tree.map
-  devices = list(engine.mesh.devices.flat) if engine.mesh else jax.devices()[:1]
-  config = config_lib.ServerConfig(
-    interleaved_slices=(f'cpu={len(devices)}',),
-    interleaved_engine_create_fns=(lambda _devices: engine,),
-  )
-  return server_lib.run(
-    port=port,
-    config=config,
-    devices=devices,
-    threads=threads or max(4, engine.max_concurrent_decodes),
+
+  class CheckedDriver(orchestrator.Driver):
+    """JetStream's driver with `check_request` at its entrance (the gRPC
+    handler reports the exception as the RPC's error)."""
+
+    def place_request_on_prefill_queue(self, request):
+      check_request(engine, request)
+      super().place_request_on_prefill_queue(request)
+
+  # What `server_lib.run` does for one interleaved engine, with the
+  # checking driver.
+  params = engine.load_params()
+  driver = CheckedDriver(
+    prefill_engines=[engine],
+    generate_engines=[engine],
+    prefill_params=[params],
+    generate_params=[params],
+    interleaved_mode=True,
     jax_padding=False,
   )
+  server = server_lib.JetStreamServer(
+    driver,
+    threads or max(4, engine.max_concurrent_decodes),
+    port,
+    grpc.insecure_server_credentials(),
+  )
+  server.start()
+  return server
 
 
 def _tiny_model():

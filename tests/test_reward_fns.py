@@ -66,7 +66,9 @@ def test_format(response, expected):
 
 
 def test_register(monkeypatch):
-  monkeypatch.setattr(R, 'REWARDS', dict(R.REWARDS))
+  # One registry object, shared by the package and its modules.
+  assert R.REWARDS is R.registry.REWARDS is R.scorer.REWARDS
+  monkeypatch.delitem(R.REWARDS, 'length_penalty', raising=False)
 
   @R.register('length_penalty')
   def penalty(response, answer):
@@ -121,6 +123,8 @@ def test_scorer_weighted_sum_and_metrics():
   assert metrics == {
     'reward/failures': 0.0,
     'reward/timeouts': 0.0,
+    'reward/stuck_calls': 0.0,
+    'reward/budget_exceeded': 0.0,
     'reward/exact_match/mean': 0.75,
     'reward/format/mean': 0.5,
   }
@@ -201,3 +205,105 @@ def test_scorer_timeout_returns_promptly_and_recovers(registry):
   finally:
     release.set()
     scorer.close()
+
+
+def test_hanging_reward_without_call_timeout_is_cut_by_the_step_budget(
+  registry,
+):
+  """timeout_s=0 (no per-call limit) used to call inline and freeze the
+  loop forever; now the step budget bounds `score`, and the healthy
+  function's values are kept."""
+  release = threading.Event()
+  registry('hangs', lambda r, a: release.wait(30.0) and 1.0)
+  scorer = R.RewardScorer(
+    [('hangs', 1.0), ('exact_match', 1.0)], timeout_s=0, step_budget_s=0.5
+  )
+  try:
+    start = time.monotonic()
+    rewards, metrics = scorer.score(['a', 'b'], ['a', 'x'])
+    assert time.monotonic() - start < 5.0
+    np.testing.assert_array_equal(rewards, [1.0, 0.0])
+    assert metrics['reward/timeouts'] == 2.0
+    assert metrics['reward/budget_exceeded'] == 1.0
+    assert metrics['reward/stuck_calls'] == 2.0
+    assert metrics['reward/exact_match/mean'] == 0.5
+  finally:
+    release.set()
+    scorer.close()
+
+
+def test_stuck_calls_never_starve_later_calls(registry, monkeypatch):
+  """Past MAX_STUCK hanging calls the hanging function gets no new threads
+  (its rows time out at once), while healthy functions, in this scorer and
+  in another one (the evaluation's), keep being scored. Before, after 64
+  abandoned calls every later call timed out."""
+  monkeypatch.setattr(R.scorer, 'MAX_STUCK', 3)
+  release = threading.Event()
+
+  def hang_or_match(response, answer):
+    if response == 'hang':
+      release.wait(30.0)
+    return float(response == answer)
+
+  registry('hang_or_match', hang_or_match)
+  train = R.RewardScorer(
+    [('hang_or_match', 1.0), ('exact_match', 2.0)],
+    timeout_s=0.1,
+    max_workers=2,
+  )
+  evaluation = R.RewardScorer([('exact_match', 1.0)], timeout_s=0.1)
+  try:
+    # 2 hangs per step: the cap is passed in step 2, so in step 3 every
+    # row of the hanging function is skipped, 'a' included.
+    for expected in ([0.0, 3.0, 0.0], [0.0, 3.0, 0.0], [0.0, 2.0, 0.0]):
+      rewards, metrics = train.score(['hang', 'a', 'hang'], ['x', 'a', 'y'])
+      np.testing.assert_array_equal(rewards, expected)
+    assert metrics['reward/stuck_calls'] == 4.0
+    assert metrics['reward/timeouts'] == 3.0  # skipped: over the cap
+    assert metrics['reward/exact_match/mean'] == pytest.approx(1 / 3)
+    start = time.monotonic()
+    rewards, metrics = evaluation.score(['a', 'b'] * 8, ['a', 'c'] * 8)
+    assert time.monotonic() - start < 2.0
+    assert metrics['reward/timeouts'] == 0.0
+    np.testing.assert_array_equal(rewards, [1.0, 0.0] * 8)
+  finally:
+    release.set()
+    train.close()
+    evaluation.close()
+  # The hung calls return: the function gets threads again.
+  deadline = time.monotonic() + 10
+  while train._get_pool().stuck() and time.monotonic() < deadline:
+    time.sleep(0.01)
+  _, metrics = train.score(['a'], ['a'])
+  assert metrics['reward/hang_or_match/mean'] == 1.0
+  train.close()
+
+
+def test_values_are_checked_in_float32(registry):
+  """1e39 is finite in float64, inf in float32 (the update's dtype): a
+  failure of the function that returned it, not a NaN loss later."""
+  registry('huge', lambda r, a: 1e39 if r == 'huge' else 3e38)
+  rewards, metrics = R.RewardScorer([('huge', 1.0)]).score(
+    ['huge', 'ok'], ['', '']
+  )
+  assert rewards.dtype == np.float32
+  np.testing.assert_array_equal(rewards, [0.0, np.float32(3e38)])
+  assert metrics['reward/failures'] == 1.0
+  # Each value fits, the weighted sum does not: that row scores 0.
+  rewards, metrics = R.RewardScorer([('huge', 10.0)]).score(['ok'], [''])
+  np.testing.assert_array_equal(rewards, [0.0])
+  assert metrics['reward/failures'] == 1.0
+
+
+def test_check_rewards_blames_the_rewards():
+  np.testing.assert_array_equal(
+    R.check_rewards(np.asarray([1.0, -2.0])), np.float32([1.0, -2.0])
+  )
+  with pytest.raises(
+    ValueError, match=r'1 of 3 are not finite in float32.*row 1 = 1e\+39'
+  ):
+    R.check_rewards(np.asarray([0.0, 1e39, 2.0]))
+  with pytest.raises(ValueError, match=r'reward\.functions'):
+    R.check_rewards([np.nan], np.float32)
+  with pytest.raises(ValueError, match=r'config\.reward\.step_budget_s'):
+    R.RewardScorer([('format', 1.0)], step_budget_s=-1)

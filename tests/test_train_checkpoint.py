@@ -301,3 +301,69 @@ def test_invalid_arguments(tmp_path):
   ckpt.close()
   with pytest.raises(ValueError, match='is closed'):
     ckpt.save(1, _small(), {}, force=True)
+
+
+def _data_files(step_dir):
+  return [
+    p for p in step_dir.rglob('*') if p.is_file() and p.parent.name == 'd'
+  ]
+
+
+DAMAGES = {
+  'truncated data': lambda d: [
+    os.truncate(p, 10) for p in _data_files(d / 'state')
+  ],
+  'missing manifest': lambda d: [
+    p.unlink() for p in (d / 'state').rglob('manifest.ocdbt')
+  ],
+  'truncated array metadata': lambda d: os.truncate(d / 'state/_METADATA', 5),
+  'missing meta': lambda d: (d / 'meta' / 'metadata').unlink(),
+  'truncated meta': lambda d: os.truncate(d / 'meta' / 'metadata', 3),
+}
+
+
+@pytest.mark.parametrize('damage', sorted(DAMAGES))
+def test_unreadable_latest_step_falls_back_to_the_newest_intact(
+  tmp_path, damage, caplog
+):
+  """Files Orbax wrote, damaged as a crash or a full disk would: the
+  restore reports it in one line, takes the previous step, and the resumed
+  run can save the damaged step again."""
+  with checkpoint.Checkpointer(str(tmp_path), every=1, keep=3) as ckpt:
+    for s in (1, 2, 3):
+      ckpt.save(s, _small(s), {'s': s})
+  DAMAGES[damage](tmp_path / '3')
+  with checkpoint.Checkpointer(str(tmp_path), every=1, keep=3) as ckpt:
+    state, meta = ckpt.restore(checkpoint.abstract_like(_small()))
+    assert meta == {'s': 2}
+    np.testing.assert_array_equal(state['w'], _small(2)['w'])
+    assert ckpt.all_steps() == [1, 2]
+    assert (tmp_path / '3.unreadable').is_dir()  # kept for inspection
+    assert ckpt.save(3, _small(30), {'s': 30})
+    state, meta = ckpt.restore(checkpoint.abstract_like(_small()))
+    assert meta == {'s': 30}
+  warnings = [
+    r.getMessage() for r in caplog.records if r.levelname == 'WARNING'
+  ]
+  bad = [m for m in warnings if 'restoring checkpoint step 3' in m]
+  assert len(bad) == 1 and '\n' not in bad[0] and len(bad[0]) < 600, bad
+
+
+def test_no_readable_step_is_one_line_error_and_renames_nothing(tmp_path):
+  with checkpoint.Checkpointer(str(tmp_path), every=1, keep=3) as ckpt:
+    for s in (1, 2):
+      ckpt.save(s, _small(s), {'s': s})
+  for s in ('1', '2'):
+    DAMAGES['truncated data'](tmp_path / s)
+  with checkpoint.Checkpointer(str(tmp_path), every=1, keep=3) as ckpt:
+    with pytest.raises(checkpoint.CheckpointError) as info:
+      ckpt.restore(checkpoint.abstract_like(_small()))
+    assert ckpt.all_steps() == [1, 2]
+  msg = str(info.value)
+  assert msg.startswith('restoring checkpoint step 2 ')
+  assert msg.endswith('(and every older step: [1])')
+  assert '\n' not in msg and len(msg) < 600
+  # No chained TensorStore traceback is printed under it.
+  err = info.value
+  assert err.__cause__ is None
+  assert err.__context__ is None or err.__suppress_context__

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from configs import trainer as trainer_configs
-from jaxcorr.train import data, tasks
+from jaxcorr.train import data, prompt_check, tasks
 from jaxcorr.train.tasks import Example
 
 # -- tokenizer ---------------------------------------------------------------
@@ -290,9 +290,8 @@ def test_loader_restore_rejects_another_stream():
   other = data.PromptLoader(_numbered(10), batch_size=2, seed=1)
   with pytest.raises(ValueError, match='seed'):
     other.restore(state)
-  shorter = data.PromptLoader(_numbered(9), batch_size=2, seed=0)
   with pytest.raises(ValueError, match='num_examples'):
-    shorter.restore(state)
+    loader.restore({**state, 'num_examples': 0})
   with pytest.raises(ValueError, match='position'):
     loader.restore({'position': -1})
 
@@ -329,3 +328,80 @@ def test_loader_validation():
     data.PromptLoader(src, batch_size=0, seed=0)
   with pytest.raises(ValueError, match='no examples'):
     data.PromptLoader([], batch_size=1, seed=0)
+
+
+def test_loader_resumes_after_a_row_is_removed(caplog):
+  """A bad row removed from the file between runs: the saved state resumes
+  at the same epoch and fraction of it (before, the run could not resume:
+  the state pinned num_examples)."""
+  saved = data.PromptLoader(_numbered(10), batch_size=2, seed=0)
+  for _ in range(12):  # position 24: epoch 2, 40% through it
+    saved.next_batch()
+  shorter = data.PromptLoader(_numbered(9), batch_size=2, seed=0)
+  shorter.restore(saved.state())
+  assert shorter.position == 2 * 9 + 3
+  assert shorter.epoch == 2
+  assert 'continuing at epoch 2, 40.0% through it' in caplog.text
+  assert len(shorter.next_batch()) == 2
+
+
+def _jsonl(path, lines: list[bytes]) -> str:
+  path.write_bytes(b'\n'.join(lines) + b'\n')
+  return str(path)
+
+
+def test_jsonl_bytes_that_are_not_utf8_name_the_line(tmp_path):
+  path = _jsonl(
+    tmp_path / 'd.jsonl',
+    [
+      b'{"question": "1+1=", "answer": "2"}',
+      b'',
+      b'{"question": "caf\xe9", "answer": "3"}',
+    ],
+  )
+  with pytest.raises(
+    ValueError, match=r"d.jsonl' line 3: not UTF-8 \(byte 0xe9 at column 18"
+  ):
+    data.JsonlSource(path, answer_format='raw')
+
+
+def test_every_prompt_is_checked_at_start_up_with_file_and_line(tmp_path):
+  long = '9' * 20
+  path = _jsonl(
+    tmp_path / 'd.jsonl',
+    [
+      b'{"question": "1+1=", "answer": "2"}',
+      f'{{"question": "{long}+1=", "answer": "0"}}'.encode(),
+      b'{"question": "2+2=", "answer": "4"}',
+      b'{"question": "x+2=", "answer": "4"}',
+    ],
+  )
+  src = data.JsonlSource(path, answer_format='raw')
+  assert src.where(1) == f'JSONL file {path!r} line 2'
+  tok = tasks.CharTokenizer()
+  kw = dict(template='Q: {prompt}', max_prompt_length=12)
+  with pytest.raises(ValueError) as info:
+    prompt_check.check_prompts(src, tok.encode, **kw)
+  msg = str(info.value)
+  assert msg.startswith('2 prompt(s) cannot be used with ')
+  assert 'config.rollout.max_prompt_length=12' in msg
+  assert f'{path!r} line 2: 27 tokens' in msg
+  assert f'{path!r} line 4: cannot be tokenized' in msg
+  prompt_check.check_prompts(
+    src[:1] + src[2:3], tok.encode, template='{prompt}', max_prompt_length=5
+  )
+
+
+def test_arithmetic_prompts_are_bounded_by_the_longest():
+  src = tasks.ArithmeticSource(100_000, 0, max_operand=999, ops='+-')
+  tok = tasks.CharTokenizer()
+  # '999+999=' is 8 characters + BOS.
+  prompt_check.check_prompts(
+    src, tok.encode, template='{prompt}', max_prompt_length=9
+  )
+  with pytest.raises(ValueError, match=r"'999-999=' |longest"):
+    prompt_check.check_prompts(
+      src, tok.encode, template='{prompt}', max_prompt_length=8
+    )
+  longest = max(len(tok.encode(src[i].prompt)) for i in range(0, 100_000, 997))
+  assert longest <= 9

@@ -100,7 +100,9 @@ class ActorLossConfig(PolicyKnobs):
   policy_loss: str = setting(
     'vanilla',
     _policy_loss_name,
-    'Policy loss (docs/math/losses.md §4.2): ' + ', '.join(policy_lib.LOSSES) + '.',
+    'Policy loss (docs/math/losses.md §4.2): '
+    + ', '.join(policy_lib.LOSSES)
+    + '.',
   )
   agg: str | None = setting(
     None,

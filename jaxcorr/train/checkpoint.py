@@ -44,6 +44,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 from flax import nnx
 
 
@@ -130,6 +131,18 @@ def _jsonable(value: Any, where: str) -> Any:
   )
 
 
+class CheckpointError(ValueError):
+  """A checkpoint step that cannot be read, in one line."""
+
+
+def _one_line(e: BaseException, limit: int = 400) -> str:
+  """An error message on one line, at most `limit` characters (TensorStore
+  errors append its whole JSON spec)."""
+  text = ' '.join(line.strip() for line in str(e).splitlines() if line.strip())
+  text = text or repr(e)
+  return text if len(text) <= limit else text[: limit - 3] + '...'
+
+
 def _local_path(directory: str) -> str:
   """Absolute path for local directories; URLs (gs://...) as given."""
   if '://' in directory:
@@ -153,6 +166,9 @@ class Checkpointer:
     async_save: write in a background thread. `save` returns once the
       arrays are copied to host memory, so the caller may update or donate
       them right away; `wait()` blocks until the write is committed.
+    read_only: only read (`jaxcorr.export` next to a live run): the
+      directory is neither created nor cleaned of temporary directories,
+      which may be another process's saves in flight.
   """
 
   def __init__(
@@ -162,6 +178,7 @@ class Checkpointer:
     every: int,
     keep: int,
     async_save: bool = False,
+    read_only: bool = False,
   ):
     if isinstance(every, bool) or not isinstance(every, int):
       raise ValueError(f'every must be an int, got {every!r}')
@@ -172,10 +189,12 @@ class Checkpointer:
     self.keep = keep
     self.async_save = bool(async_save)
     options = ocp.CheckpointManagerOptions(
-      max_to_keep=keep,
-      save_interval_steps=1,  # `should_save` decides; saves are forced
-      create=True,
-      cleanup_tmp_directories=True,
+      max_to_keep=None if read_only else keep,
+      # `should_save` decides; saves are forced.
+      save_interval_steps=0 if read_only else 1,
+      create=not read_only,
+      cleanup_tmp_directories=not read_only,
+      read_only=read_only,
       enable_async_checkpointing=self.async_save,
     )
     self._manager = ocp.CheckpointManager(
@@ -259,7 +278,7 @@ class Checkpointer:
   def restore(
     self, abstract_state: Any, step: int | None = None
   ) -> tuple[Any, dict[str, Any]]:
-    """`(state, meta)` of step `step` (None: `latest_step()`).
+    """`(state, meta)` of step `step` (None: the newest intact step).
 
     `abstract_state` gives the tree structure, dtypes and target shardings
     (`abstract_like(state)`); arrays are read straight into those shardings,
@@ -269,16 +288,53 @@ class Checkpointer:
     ValueError listing the differing keys (a `None` in the target where
     arrays were saved restores as `None`). Raises FileNotFoundError when the
     step is absent.
+
+    With `step=None` a latest step that cannot be read (truncated or missing
+    data, metadata or manifest files) is reported in one log line and the
+    next older one is tried; the unreadable steps are then renamed
+    `<step>.unreadable` (kept for inspection, no longer a step, so the
+    resumed run can save that step again). When no step can be restored (a
+    damaged directory, or a target of another layout), the error is the
+    newest step's, in one line (`CheckpointError`, a ValueError), and
+    nothing is renamed.
     """
     steps = self.all_steps()
-    if step is None:
-      if not steps:
-        raise FileNotFoundError(f'no checkpoint in {self.directory}')
-      step = steps[-1]
-    elif step not in steps:
-      raise FileNotFoundError(
-        f'no checkpoint of step {step} in {self.directory}; have {steps}'
-      )
+    if step is not None:
+      if step not in steps:
+        raise FileNotFoundError(
+          f'no checkpoint of step {step} in {self.directory}; have {steps}'
+        )
+      return self._restore_step(abstract_state, step)
+    if not steps:
+      raise FileNotFoundError(f'no checkpoint in {self.directory}')
+    _check_target(abstract_state)
+    failed: list[tuple[int, CheckpointError]] = []
+    for s in reversed(steps):
+      try:
+        out = self._restore_step(abstract_state, s)
+      except CheckpointError as e:
+        failed.append((s, e))
+        logging.warning('%s; trying an older step', e)
+        continue
+      for bad, _ in failed:
+        self._set_aside(bad)
+      if failed:
+        logging.warning(
+          'restored step %d of %s (newer unreadable: %s)',
+          s,
+          self.directory,
+          [b for b, _ in failed],
+        )
+      return out
+    if len(failed) == 1:
+      raise failed[0][1]
+    raise CheckpointError(
+      f'{failed[0][1]} (and every older step: {[b for b, _ in failed[1:]]})'
+    )
+
+  def _restore_step(
+    self, abstract_state: Any, step: int
+  ) -> tuple[Any, dict[str, Any]]:
     _check_target(abstract_state)
     try:
       restored = self._manager.restore(
@@ -288,12 +344,72 @@ class Checkpointer:
           meta=ocp.args.JsonRestore(),
         ),
       )
-    except ValueError as e:
-      raise ValueError(
-        f'restoring checkpoint step {step} of {self.directory}: {e}'
-      ) from e
+      meta = restored['meta']
+      if not isinstance(meta, Mapping):
+        raise ValueError(f'meta is {type(meta).__name__}, not a JSON object')
+    except Exception as e:  # orbax / tensorstore / json: one line (doc)
+      raise CheckpointError(
+        f'restoring checkpoint step {step} of {self.directory} failed: '
+        f'{type(e).__name__}: {_one_line(e)}'
+      ) from None
     state = _from_pure(abstract_state, restored['state'])
-    return state, dict(restored['meta'])
+    return state, dict(meta)
+
+  def _set_aside(self, step: int) -> None:
+    """Renames an unreadable step directory out of the step namespace."""
+    if jax.process_index() != 0:
+      return
+    src = epath.Path(self.directory) / str(step)
+    dst = epath.Path(self.directory) / f'{step}.unreadable'
+    if dst.exists():
+      dst.rmtree()
+    src.rename(dst)
+    self._manager.reload()
+
+  def restore_subtree(
+    self, path: tuple[str, ...], abstract: Any, step: int | None = None
+  ) -> tuple[Any, dict[str, Any], int]:
+    """`(value, meta, step)`: the sub-tree at `path` of the saved state
+    (e.g. `('state', 'params')`, the policy of the trainer's `{'state':
+    TrainState, 'ref': ...}`) without the rest, for readers that have no
+    full restore target (`jaxcorr.export`). `step=None`: the latest. The
+    same one-line `CheckpointError` as `restore`."""
+    steps = self.all_steps()
+    if not steps:
+      raise FileNotFoundError(f'no checkpoint in {self.directory}')
+    if step is None:
+      step = steps[-1]
+    elif step not in steps:
+      raise FileNotFoundError(
+        f'no checkpoint of step {step} in {self.directory}; have {steps}'
+      )
+    _check_target(abstract)
+    item = _to_pure(abstract)
+    for key in reversed(path):
+      item = {key: item}
+    try:
+      restored = self._manager.restore(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(
+            item=item,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+            partial_restore=True,
+          ),
+          meta=ocp.args.JsonRestore(),
+        ),
+      )
+    except Exception as e:  # orbax / tensorstore / json: one line
+      raise CheckpointError(
+        f'restoring {"/".join(path)} of checkpoint step {step} of '
+        f'{self.directory} '
+        f'failed: {type(e).__name__}: {_one_line(e)}'
+      ) from None
+    value = restored['state']
+    for key in path:
+      value = value[key]
+    value = _from_pure(abstract, value)
+    return value, dict(restored['meta']), step
 
   # ------------------------------------------------------------ closing
 

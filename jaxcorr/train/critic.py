@@ -39,6 +39,16 @@ class ValueModel(nnx.Module):
     )
 
 
+@jax.jit
+def _copy(tree):
+  return jax.tree.map(jnp.copy, tree)
+
+
 def init_from_policy(critic: ValueModel, policy: Transformer) -> None:
-  """Copy the policy's weights into the critic's backbone (in place)."""
-  nnx.update(critic.backbone, nnx.state(policy, nnx.Param))
+  """Copy the policy's weights into the critic's backbone (in place).
+
+  Copies, not shares: the update step donates the policy's and the critic's
+  buffers together, and XLA refuses to donate one buffer twice ("Attempt to
+  donate the same buffer twice"); a copy under jit keeps the shardings.
+  """
+  nnx.update(critic.backbone, _copy(nnx.state(policy, nnx.Param)))

@@ -4,7 +4,10 @@ A source is any `Sequence[Example]`: the generated arithmetic task
 (`tasks.ArithmeticSource`) or a local JSONL / Parquet file read whole at
 start-up (RL prompt sets are small: GSM8K's train split is 7,473 rows).
 Reading everything up front turns a malformed row 6,000 into a start-up
-error instead of a crash hours into a run.
+error instead of a crash hours into a run; `check_prompts` does the same for
+prompts too long for `rollout.max_prompt_length` or that the tokenizer
+cannot encode (`jaxcorr.train.prompt_check`), naming the file and line
+(bytes that are not UTF-8 too).
 
 `PromptLoader` walks a virtual infinite stream over the source: stream
 position p is example `perm_e[p % n]` of epoch `e = p // n`, where `perm_e`
@@ -13,7 +16,8 @@ therefore one integer, the position, and resuming is exact by construction:
 no RNG state to save, no dependence on how many batches a process has seen.
 Every process holds the same position and reads its own contiguous slice of
 each global batch, so the shares are disjoint and together they are exactly
-the single-process batch.
+the single-process batch. A dataset whose size changed (a bad row removed)
+resumes at the same epoch and fraction of it, with a warning.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from jaxcorr.train.tasks import ArithmeticSource, Example
 
@@ -99,6 +104,7 @@ class _FileSource(Sequence):
     self.prompt_field = prompt_field
     self.answer_field = answer_field
     self.answer_format = answer_format
+    self._where: list[str] = []  # 'line 7' / 'row 6' of each example
     self._examples = self._load()
     if not self._examples:
       raise ValueError(
@@ -108,9 +114,14 @@ class _FileSource(Sequence):
   def _load(self) -> list[Example]:
     raise NotImplementedError
 
+  def where(self, i: int) -> str:
+    """Where example `i` is: "JSONL file 'x.jsonl' line 7"."""
+    return f'{self.kind} file {self.path!r} {self._where[i]}'
+
   def _example(self, where: str, prompt: Any, answer: Any) -> Example:
     """One row's fields -> Example; `where` is 'line 3' or 'row 2'."""
     ctx = f'{self.kind} file {self.path!r} {where}'
+    self._where.append(where)
     if not isinstance(prompt, str):
       raise ValueError(
         f'{ctx}: prompt field {self.prompt_field!r} '
@@ -165,11 +176,18 @@ class JsonlSource(_FileSource):
 
   def _load(self) -> list[Example]:
     out = []
-    with open(self.path, encoding='utf-8') as f:
-      for lineno, line in enumerate(f, 1):
+    with open(self.path, 'rb') as f:
+      for lineno, raw in enumerate(f, 1):
+        where = f'line {lineno}'
+        try:
+          line = raw.decode('utf-8')
+        except UnicodeDecodeError as e:
+          raise ValueError(
+            f'{self.kind} file {self.path!r} {where}: not UTF-8 (byte '
+            f'{raw[e.start]:#04x} at column {e.start + 1}: {e.reason})'
+          ) from None
         if not line.strip():
           continue
-        where = f'line {lineno}'
         try:
           row = json.loads(line)
         except json.JSONDecodeError as e:
@@ -322,8 +340,10 @@ class PromptLoader:
   next; every example appears exactly once in each epoch's n positions.
 
   The state is `{'position', 'seed', 'shuffle', 'num_examples'}`:
-  `restore` refuses a state from another seed, order or dataset size, since
-  the stream it describes would not be this loader's.
+  `restore` refuses a state from another seed or order, since the stream
+  it describes would not be this loader's. A state from a dataset of
+  another size (a bad row removed) continues at the same epoch and the same
+  fraction of it, with a warning: the order within that epoch differs.
   """
 
   def __init__(
@@ -432,11 +452,36 @@ class PromptLoader:
         'allowed: an int >= 0'
       )
     mine = self.state()
-    for key in ('seed', 'shuffle', 'num_examples'):
+    for key in ('seed', 'shuffle'):
       if key in state and state[key] != mine[key]:
         raise ValueError(
           f'PromptLoader state {key}: the checkpoint has {state[key]!r}, '
           f'this loader {mine[key]!r}; resuming would not continue the '
           'saved prompt stream'
         )
+    saved_n, n = (
+      state.get('num_examples', mine['num_examples']),
+      len(self.source),
+    )
+    if saved_n != n:
+      if (
+        not isinstance(saved_n, int) or isinstance(saved_n, bool) or saved_n < 1
+      ):
+        raise ValueError(
+          f'PromptLoader state num_examples: invalid value {saved_n!r}; '
+          'allowed: an int >= 1'
+        )
+      epoch, offset = divmod(position, saved_n)
+      new = epoch * n + min(offset * n // saved_n, n)
+      logging.warning(
+        'the dataset has %d examples, the checkpoint was written with %d: '
+        'continuing at epoch %d, %.1f%% through it (position %d -> %d)',
+        n,
+        saved_n,
+        epoch,
+        100 * offset / saved_n,
+        position,
+        new,
+      )
+      position = new
     self._position = position

@@ -29,12 +29,21 @@ from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
 from absl import logging
-from etils import epath
 from flax import nnx
 
-from jaxcorr.train import metrics, preemption, reduction, setup, sft, text
+from jaxcorr.train import (
+  metrics,
+  preemption,
+  reduction,
+  reward_fns,
+  setup,
+  sft,
+  text,
+)
 from jaxcorr.train import run_config as run_lib
+from jaxcorr.train import workdir as workdir_lib
 from jaxcorr.train.critic import init_from_policy
 from jaxcorr.train.evaluation import Evaluator
 from jaxcorr.train.resume import Progress, RunCheckpoints
@@ -55,8 +64,10 @@ class Trainer:
     config: the locked ConfigDict (task config + preset + overrides).
     workdir: checkpoints, metrics.jsonl and TensorBoard files.
     config_name: the config string, recorded in checkpoints and logs.
-    read_only: build and restore only (export): write no config, metrics
-      or checkpoints.
+    read_only: build and restore only: write no config, metrics or
+      checkpoints.
+    allow_config_change: resume a workdir whose saved config differs
+      (`jaxcorr.train.workdir`).
   """
 
   def __init__(
@@ -66,18 +77,19 @@ class Trainer:
     *,
     config_name: str = '',
     read_only: bool = False,
+    allow_config_change: bool = False,
   ):
     self.run = run = run_lib.build(config)
     self.workdir = workdir
     self.process_count = jax.process_count()
     primary = jax.process_index() == 0 and not read_only
+    # The lock and the config fingerprint come before anything is written;
+    # config.json is written in train(), after the restore.
+    self._claim = None
     if primary:
-      # epath: a gs:// workdir (TPU pods) gets the file next to the
-      # checkpoints; os.makedirs would make a local 'gs:' directory.
-      path = epath.Path(workdir)
-      path.mkdir(parents=True, exist_ok=True)
-      # Every override applied: what `jaxcorr.export` rebuilds the run from.
-      (path / 'config.json').write_text(config.to_json(indent=2))
+      self._claim = workdir_lib.claim(
+        workdir, config, allow_change=allow_config_change
+      )
     meshes = setup.make_meshes(run)
     self.mesh, self.rollout_mesh = meshes.train, meshes.rollout
     policy = setup.build_policy(run, self.mesh)
@@ -92,10 +104,12 @@ class Trainer:
       )
     self.state, self.steps = setup.build_learner(run, policy, self.mesh)
     self.ref_params = None
-    prompts = setup.build_prompts(run)
+    prompts = setup.build_prompts(run, self.tokenizer.encode)
     self.loader, self.sft_loader = prompts.loader, prompts.sft_loader
     scorer = RewardScorer(
-      parse_spec(run.reward.functions), timeout_s=run.reward.timeout_s
+      parse_spec(run.reward.functions),
+      timeout_s=run.reward.timeout_s,
+      step_budget_s=run.reward.step_budget_s,
     )
     self.engine = self._engine(self.rollout_mesh)
     self.stage = RolloutStage(run, self.engine, self.tokenizer, scorer)
@@ -127,6 +141,7 @@ class Trainer:
     )
     self.step = 0
     self.sft_done = run.train.sft_steps == 0
+    self.preempted = False  # train() stopped on SIGTERM / Ctrl-C
     self._loader_state = self.loader.state()
 
   # ----------------------------------------------------------- weights
@@ -189,6 +204,9 @@ class Trainer:
   def train_on(self, scored: Scored) -> dict[str, float]:
     """One RL update on a scored batch (`rl_step.py`); the step's metrics.
     The caller advances `step`."""
+    # Cast and checked in the update's dtype: 1e39 is finite in float64
+    # and inf in float32; the error must name the rewards.
+    scored.rewards = reward_fns.check_rewards(scored.rewards, np.float32)
     self.state, out = self.rl_step(
       self.state, self.ref_params, scored, self.step
     )
@@ -230,6 +248,8 @@ class Trainer:
     """Run (or resume) the whole job; returns the last step's metrics."""
     t = self.run.train
     self.restore()
+    if self._claim is not None:  # after a successful restore or none
+      self._claim.write_config()
     self._warm_up()
     progress = metrics.ProgressLine(
       t.num_steps,
@@ -241,7 +261,8 @@ class Trainer:
     )
     last: dict[str, float] = {}
     try:
-      with preemption.PreemptionGuard() as guard:
+      # Ctrl-C checkpoints like SIGTERM (a second one interrupts at once).
+      with preemption.PreemptionGuard(catch_sigint=True) as guard:
         if self.step == 0 and t.eval_every:
           last = {'step': 0, **self.evaluate(0)}
           self.writer.write(0, last)
@@ -256,12 +277,17 @@ class Trainer:
             self.save(force=True)
           if stop:
             logging.warning('preemption: checkpoint at step %d', self.step)
+            self.preempted = True
             break
     finally:
       source.close()
       self.checkpointer.wait()
       self.writer.close()
+      if self._claim is not None:
+        self._claim.release()
     return last
 
   def close(self) -> None:
     self.checkpointer.close()
+    if self._claim is not None:
+      self._claim.release()

@@ -22,7 +22,12 @@ changes through `request()`.
 
 With `catch_sigint=True` a first Ctrl-C asks for the same graceful stop and
 a second one is handled as before the guard (KeyboardInterrupt by default),
-for when the checkpoint is not wanted after all.
+for when the checkpoint is not wanted after all. The trainer catches both.
+
+Exit status: a run stopped this way exits with `EXIT_PREEMPTED` (75,
+`EX_TEMPFAIL` of sysexits.h: "temporary failure, retry") after its
+checkpoint is written, so a scheduler tells it from a finished run (0) and
+from a crash (1) and restarts it with the same --workdir.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ from typing import Any
 import jax
 import numpy as np
 from absl import logging
+
+EXIT_PREEMPTED = 75
+"""`jaxcorr.main`'s exit status after a graceful stop (module doc)."""
 
 
 class PreemptionGuard:

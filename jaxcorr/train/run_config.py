@@ -272,7 +272,14 @@ class RewardConfig:
     5.0,
     number(0),
     'Seconds per call; a call that takes longer scores 0 (metric '
-    'reward/timeouts). 0: no timeout, call inline.',
+    'reward/timeouts). 0: no per-call limit (the step budget still '
+    'applies).',
+  )
+  step_budget_s: float = setting(
+    300.0,
+    number(0),
+    'Seconds all reward calls of one step may take; calls unfinished then '
+    'score 0 (reward/timeouts, reward/budget_exceeded). 0: no budget.',
   )
 
   def __post_init__(self):

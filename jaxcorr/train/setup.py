@@ -10,6 +10,7 @@ compiled steps, the prompt loaders.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -19,7 +20,7 @@ from flax import nnx
 from jaxcorr import sharding
 from jaxcorr.losses import rewards
 from jaxcorr.model import Transformer, TransformerConfig, load_hf
-from jaxcorr.train import data
+from jaxcorr.train import data, prompt_check
 from jaxcorr.train import run_config as run_lib
 from jaxcorr.train.critic import ValueModel
 from jaxcorr.train.state import TrainState, make_optimizer
@@ -186,7 +187,9 @@ class Prompts:
   eval_examples: list[Example]
 
 
-def build_prompts(run: run_lib.RunConfig) -> Prompts:
+def build_prompts(
+  run: run_lib.RunConfig, encode: Callable[[str], Sequence[int]]
+) -> Prompts:
   d = run.data
   source = data.make_source(d)
   index, count = jax.process_index(), jax.process_count()
@@ -207,6 +210,14 @@ def build_prompts(run: run_lib.RunConfig) -> Prompts:
   )
   # Held-out prompts: data.make_eval_source, else the first training ones.
   eval_source = data.make_eval_source(d) or source
+  # Every prompt tokenized and length-checked now, not when drawn hours in.
+  for src in {id(source): source, id(eval_source): eval_source}.values():
+    prompt_check.check_prompts(
+      src,
+      encode,
+      template=d.prompt_template,
+      max_prompt_length=run.rollout.max_prompt_length,
+    )
   n = min(run.train.eval_prompts, len(eval_source))
   n -= n % count
   share = n // max(count, 1)

@@ -1,0 +1,71 @@
+"""Every prompt tokenized and length-checked at start-up.
+
+A prompt longer than `rollout.max_prompt_length`, or one the tokenizer
+cannot encode, used to fail only when the loader drew it, hours into a run
+(RL step 15 in one report). `check_prompts` runs every prompt of a source
+through the rollouts' own encoding before the first step and names the
+file and line (`data.JsonlSource.where`) of each bad one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from jaxcorr.train.data import format_prompt
+from jaxcorr.train.tasks import ArithmeticSource, Example
+
+
+def _where(source: Sequence[Example], i: int) -> str:
+  if hasattr(source, 'where'):
+    return source.where(i)
+  return f'example {i} of {source!r}'
+
+
+def _longest(source: Sequence[Example]) -> list[tuple[str, Example]]:
+  """The examples whose prompts must be checked: all of a file; for the
+  generated arithmetic task (100,000 examples by default) the longest
+  prompt of each operator, `'<max_operand><op><max_operand>='`, which
+  bounds every other (one token per character)."""
+  if isinstance(source, ArithmeticSource):
+    m = source.max_operand
+    return [
+      (f'the longest {source!r} prompt', Example(f'{m}{op}{m}=', ''))
+      for op in sorted(set(source.ops))
+    ]
+  return [(_where(source, i), source[i]) for i in range(len(source))]
+
+
+def check_prompts(
+  source: Sequence[Example],
+  encode: Callable[[str], Sequence[int]],
+  *,
+  template: str,
+  max_prompt_length: int,
+) -> None:
+  """Tokenizes every prompt of `source` as the rollouts will
+  (`encode(format_prompt(template, ex))`) and raises one ValueError naming
+  the file and line of each prompt (first five, and the count) that the
+  tokenizer rejects or that is longer than `max_prompt_length`."""
+  bad = []
+  for where, ex in _longest(source):
+    try:
+      n = len(encode(format_prompt(template, ex)))
+    except ValueError as e:
+      if 'prompt_template' in str(e):
+        raise
+      bad.append(f'{where}: cannot be tokenized ({e})')
+      continue
+    except Exception as e:  # a tokenizer's own error type
+      bad.append(f'{where}: cannot be tokenized ({type(e).__name__}: {e})')
+      continue
+    if n > max_prompt_length:
+      bad.append(f'{where}: {n} tokens')
+  if bad:
+    more = f' (and {len(bad) - 5} more)' if len(bad) > 5 else ''
+    raise ValueError(
+      f'{len(bad)} prompt(s) cannot be used with '
+      f'config.rollout.max_prompt_length={max_prompt_length}: '
+      + '; '.join(bad[:5])
+      + more
+      + '. Raise the limit or remove those rows.'
+    )

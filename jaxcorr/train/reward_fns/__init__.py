@@ -1,0 +1,52 @@
+"""Reward functions registered by name, and the weighted, fail-safe scorer.
+
+A reward function maps `(response, answer) -> float`: the decoded response
+text and the example's reference answer. `config.reward.functions` names
+them with weights, `'math_answer:1.0,format:0.1'`, and `RewardScorer` sums
+them per row. User code adds its own with `@register('name')` in any module
+the config file imports.
+
+* `registry`: `REWARDS`, `register`, the built-in rewards, `parse_spec`;
+* `answers`: final-answer extraction and numeric comparison;
+* `workers`: daemon threads whose stuck calls are abandoned and replaced;
+* `scorer`: `RewardScorer` (timeouts, per-step budget, float32 checks,
+  failure metrics) and `check_rewards`.
+"""
+
+from jaxcorr.train.reward_fns.answers import (
+  answers_match,
+  extract_answer,
+  last_boxed,
+  to_number,
+)
+from jaxcorr.train.reward_fns.registry import (
+  REWARDS,
+  RewardFn,
+  exact_match,
+  format_reward,
+  math_answer,
+  parse_spec,
+  register,
+)
+from jaxcorr.train.reward_fns.scorer import (
+  MAX_STUCK,
+  RewardScorer,
+  check_rewards,
+)
+
+__all__ = [
+  'MAX_STUCK',
+  'REWARDS',
+  'RewardFn',
+  'RewardScorer',
+  'answers_match',
+  'check_rewards',
+  'exact_match',
+  'extract_answer',
+  'format_reward',
+  'last_boxed',
+  'math_answer',
+  'parse_spec',
+  'register',
+  'to_number',
+]

@@ -1,0 +1,298 @@
+"""`RewardScorer`: the weighted sum of named rewards, contained.
+
+Rewards are user code running inside the training loop, so the scorer
+contains them: a call that raises, returns something that is not a finite
+float32, or runs past `timeout_s` scores 0 for that function on that row and
+is counted; `score` never raises because of a reward function and never
+waits longer than `step_budget_s`. Every call runs on a `WorkerPool`
+thread, so a call that hangs is abandoned and replaced, and later calls
+(other functions, the evaluation) get fresh workers. A function with
+`MAX_STUCK` abandoned calls still running gets no new ones until some
+return (its rows score 0, counted in `reward/timeouts`), which bounds the
+threads it can hold. Threads bound Python-level slowness and blocking I/O;
+a C extension that holds the GIL (a pathological `re` match) stalls the
+whole process and needs a subprocess-based reward instead.
+
+Values are checked in float32, the dtype the update uses: a reward of 1e39
+is finite in float64 but inf in float32, so it is a failure of the function
+that returned it; a weighted sum that overflows float32 scores 0 on its row
+and counts as a failure too. `check_rewards` applies the same check to any
+rewards array before the update, naming the rewards as the cause.
+
+Metrics (per step, summed over rows; docs/data_and_rewards.md):
+`reward/failures` (raised, not a number, not finite in float32),
+`reward/timeouts` (past `timeout_s`, past the step budget, or skipped for
+`MAX_STUCK`), `reward/stuck_calls` (abandoned calls still running),
+`reward/budget_exceeded` (1 when the step budget cut the scoring short),
+`reward/<name>/mean`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import numbers
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxcorr.train.reward_fns.registry import _SPEC, REWARDS
+from jaxcorr.train.reward_fns.workers import Task, WorkerPool
+
+# Abandoned calls of one function that may still be running before the
+# scorer stops giving it new ones (module doc).
+MAX_STUCK = 64
+
+_F32_MAX = float(np.finfo(np.float32).max)
+_log = logging.getLogger(__name__)
+
+
+def _valid(value: Any) -> float | None:
+  """A reward value as a float finite in float32, or None."""
+  if (
+    isinstance(value, np.ndarray)
+    and value.ndim == 0
+    and value.dtype.kind in 'biuf'
+  ):
+    value = value.item()
+  if not isinstance(value, numbers.Real) or isinstance(value, bool):
+    return None
+  value = float(value)
+  return value if math.isfinite(value) and abs(value) <= _F32_MAX else None
+
+
+def check_rewards(rewards: Any, dtype: Any = np.float32) -> np.ndarray:
+  """`rewards` cast to `dtype` (the update's); ValueError naming the rows
+  when a value is not finite there (a reward too large for the dtype would
+  otherwise surface as a NaN loss blamed on log-probs)."""
+  raw = np.asarray(rewards)
+  with np.errstate(over='ignore', invalid='ignore'):
+    cast = raw.astype(dtype)
+  bad = np.flatnonzero(~np.isfinite(cast))
+  if bad.size:
+    raise ValueError(
+      f'rewards: {bad.size} of {cast.size} are not finite in {np.dtype(dtype)}'
+      f' (the update dtype), e.g. row {bad[0]} = {raw.reshape(-1)[bad[0]]};'
+      ' check the reward functions (config.reward.functions) and weights'
+    )
+  return cast
+
+
+def _positive_or_none(path: str, value: Any) -> float | None:
+  if value is None:
+    return None
+  if isinstance(value, bool) or _valid(value) is None or value < 0:
+    raise ValueError(
+      f'{path}: invalid value {value!r}; allowed: a finite number >= 0 '
+      '(0: none)'
+    )
+  return float(value) or None
+
+
+class RewardScorer:
+  """The weighted sum of named rewards, one float32 per row (module doc).
+
+  Args:
+    spec: (name, weight) pairs, e.g. `parse_spec(config.reward.functions)`;
+      names must be registered in `REWARDS` now.
+    timeout_s: seconds one (function, row) call may run, from its start;
+      None or 0: no per-call limit (the step budget still applies).
+    step_budget_s: seconds one `score` call may take in all; calls still
+      unfinished then score 0 (counted in `reward/timeouts`). None or 0:
+      no budget.
+    max_workers: threads running calls concurrently.
+  """
+
+  def __init__(
+    self,
+    spec: Sequence[tuple[str, float]],
+    *,
+    timeout_s: float | None = 5.0,
+    step_budget_s: float | None = 300.0,
+    max_workers: int = 4,
+  ):
+    spec = list(spec)
+    if not spec:
+      raise ValueError(
+        f'{_SPEC}: no reward functions; allowed: {self._known()}'
+      )
+    names = [name for name, _ in spec]
+    for name in names:
+      if name not in REWARDS:
+        raise ValueError(
+          f'{_SPEC}: unknown reward {name!r}; registered: {self._known()} '
+          '(register more with jaxcorr.train.reward_fns.register)'
+        )
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+      raise ValueError(
+        f'{_SPEC}: reward(s) {", ".join(map(repr, dupes))} listed more than '
+        'once; allowed: each name once (add the weights)'
+      )
+    weights = []
+    for name, weight in spec:
+      w = _valid(weight)
+      if w is None:
+        raise ValueError(
+          f'{_SPEC}: invalid weight {weight!r} for {name!r}; allowed: a '
+          'finite number'
+        )
+      weights.append(w)
+    self.timeout_s = _positive_or_none('config.reward.timeout_s', timeout_s)
+    self.step_budget_s = _positive_or_none(
+      'config.reward.step_budget_s', step_budget_s
+    )
+    if (
+      isinstance(max_workers, bool)
+      or not isinstance(max_workers, int)
+      or max_workers < 1
+    ):
+      raise ValueError(
+        f'RewardScorer max_workers: invalid value {max_workers!r}; allowed: '
+        'an int >= 1'
+      )
+    self.names = tuple(names)
+    self.weights = np.asarray(weights, np.float64)
+    self._fns = tuple(REWARDS[n] for n in names)
+    self.max_workers = max_workers
+    self._pool: WorkerPool | None = None
+    self._pool_lock = threading.Lock()
+    self._warned: set[str] = set()
+
+  @staticmethod
+  def _known() -> str:
+    return ', '.join(repr(n) for n in sorted(REWARDS))
+
+  def __repr__(self) -> str:
+    spec = ','.join(f'{n}:{w:g}' for n, w in zip(self.names, self.weights))
+    return (
+      f'RewardScorer({spec!r}, timeout_s={self.timeout_s}, '
+      f'step_budget_s={self.step_budget_s})'
+    )
+
+  def _report(self, name: str, what: str, exc: BaseException | None) -> None:
+    """Logs the first failure of each function (later ones only count)."""
+    level = logging.DEBUG if name in self._warned else logging.WARNING
+    self._warned.add(name)
+    _log.log(
+      level,
+      'reward %r %s (scored 0; counted in reward/%s)',
+      name,
+      what,
+      'timeouts' if what.startswith('timed out') else 'failures',
+      exc_info=None if exc is None else (type(exc), exc, exc.__traceback__),
+    )
+
+  def _outcome(self, name: str, fut: concurrent.futures.Future) -> float | None:
+    exc = fut.exception()
+    if exc is not None:
+      self._report(name, f'raised {type(exc).__name__}: {exc}', exc)
+      return None
+    value = fut.result()
+    v = _valid(value)
+    if v is None:
+      self._report(name, f'returned {value!r}, not a finite float32', None)
+    return v
+
+  def score(
+    self, responses: Sequence[str], answers: Sequence[str]
+  ) -> tuple[np.ndarray, dict[str, float]]:
+    """(rewards float32 [B], metrics). Raises only for mismatched lengths
+    (a caller bug); reward-function errors score 0 and are counted."""
+    if isinstance(responses, str) or isinstance(answers, str):
+      raise ValueError('RewardScorer.score: pass sequences of strings')
+    if len(responses) != len(answers):
+      raise ValueError(
+        f'RewardScorer.score: {len(responses)} responses but '
+        f'{len(answers)} answers'
+      )
+    n = len(responses)
+    values = np.zeros((len(self._fns), n), np.float64)
+    start = time.monotonic()
+    deadline = start + self.step_budget_s if self.step_budget_s else math.inf
+    pool = self._get_pool()
+    pending: dict[Task, tuple[int, int]] = {}
+    timeouts = failures = 0
+    for j, (name, fn) in enumerate(zip(self.names, self._fns)):
+      if pool.stuck(name) >= MAX_STUCK:
+        self._report(name, f'timed out: {MAX_STUCK} calls still hang', None)
+        timeouts += n
+        continue
+      for i in range(n):
+        pending[pool.submit(name, fn, responses[i], answers[i])] = (j, i)
+    budget_exceeded = False
+    while pending:
+      now = time.monotonic()
+      wake = deadline
+      for task in list(pending):
+        j, i = pending[task]
+        name = self.names[j]
+        if task.future.done():
+          del pending[task]
+          v = self._outcome(name, task.future)
+          if v is None:
+            failures += 1
+          else:
+            values[j, i] = v
+        elif now >= deadline:
+          budget_exceeded = True
+          if pool.abandon(task):
+            del pending[task]
+            timeouts += 1
+            self._report(
+              name, f'timed out: step budget {self.step_budget_s:g} s', None
+            )
+        elif self.timeout_s and task.start is not None:
+          expiry = task.start + self.timeout_s
+          if now >= expiry and pool.abandon(task):
+            del pending[task]
+            timeouts += 1
+            self._report(name, f'timed out after {self.timeout_s:g} s', None)
+          else:
+            wake = min(wake, expiry)
+      if pending:
+        wait = min(max(wake - time.monotonic(), 0.0), 0.05)
+        concurrent.futures.wait(
+          [t.future for t in pending],
+          timeout=wait,
+          return_when=concurrent.futures.FIRST_COMPLETED,
+        )
+    rewards = (self.weights[:, None] * values).sum(axis=0)
+    overflow = np.abs(rewards) > _F32_MAX
+    if overflow.any():
+      _log.warning(
+        'reward: %d weighted sums overflow float32 (scored 0; counted in '
+        'reward/failures)',
+        int(overflow.sum()),
+      )
+      rewards[overflow] = 0.0
+      failures += int(overflow.sum())
+    metrics = {
+      'reward/failures': float(failures),
+      'reward/timeouts': float(timeouts),
+      'reward/stuck_calls': float(pool.stuck()),
+      'reward/budget_exceeded': float(budget_exceeded),
+    }
+    for j, name in enumerate(self.names):
+      metrics[f'reward/{name}/mean'] = float(values[j].mean()) if n else 0.0
+    return rewards.astype(np.float32), metrics
+
+  def _get_pool(self) -> WorkerPool:
+    with self._pool_lock:
+      if self._pool is None:
+        self._pool = WorkerPool(self.max_workers)
+        # Idle workers end with the scorer even without close().
+        weakref.finalize(self, self._pool.close)
+      return self._pool
+
+  def close(self) -> None:
+    """Stops the idle workers (abandoned ones end when their call does)."""
+    with self._pool_lock:
+      if self._pool is not None:
+        self._pool.close()
+        self._pool = None

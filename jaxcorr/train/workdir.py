@@ -1,0 +1,200 @@
+"""Claiming a workdir: one trainer at a time, the same run on resume.
+
+A `--workdir` holds one run: its checkpoints, metrics.jsonl and the
+`config.json` that `jaxcorr.export` rebuilds the model from. Three things
+keep a second invocation on the same directory from damaging it:
+
+* A lock. `claim` takes an exclusive `fcntl.flock` on `<workdir>/.lock`
+  (the holder's pid and host written inside) before anything else touches
+  the directory; a second trainer on the same workdir fails at once with
+  `WorkdirBusy` naming the holder. The kernel drops the lock when the
+  holder exits, even on SIGKILL, so a stale lock file never blocks a
+  restart. Object stores (`gs://...`) have no locks: there the claim only
+  warns.
+* A fingerprint. When the workdir has checkpoints, the new config is
+  compared with the saved `config.json` before anything is written; a
+  changed field outside `RESUMABLE` (algorithm, preset, learning rate,
+  model shape, seed, ...) is refused with a `ConfigChanged` error listing
+  the fields, unless `allow_change=True` (`--allow_config_change`), which
+  resumes under the new values.
+* Ordering. `Claim.write_config` writes `config.json` (atomically: a
+  temporary file renamed) and is called by the trainer only after the
+  restore succeeded or a fresh start was set up, so a rejected re-run
+  leaves the original run's `config.json`, and with it its export, intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+from absl import logging
+from etils import epath
+
+CONFIG_FILE = 'config.json'
+LOCK_FILE = '.lock'
+CHECKPOINT_DIR = 'checkpoints'
+
+# Fields that may differ on resume: how long and how often, not what is
+# trained (the run stays the same run).
+RESUMABLE = frozenset(
+  {
+    'train.num_steps',
+    'train.checkpoint_every',
+    'train.keep_checkpoints',
+    'train.eval_every',
+    'train.eval_prompts',
+    'train.log_every',
+    'train.tensorboard',
+    'data.path',
+    'data.eval_path',
+    'reward.timeout_s',
+    'reward.step_budget_s',
+    'rollout.max_concurrent_decodes',
+  }
+)
+
+
+class WorkdirBusy(RuntimeError):
+  """Another live process holds the workdir's lock."""
+
+
+class ConfigChanged(ValueError):
+  """A resumed run's config differs from the saved one in a field that
+  changes what is trained."""
+
+
+def _flatten(tree: Any, prefix: str = '') -> dict[str, Any]:
+  out = {}
+  if isinstance(tree, Mapping):
+    for k, v in tree.items():
+      out.update(_flatten(v, f'{prefix}{k}.'))
+  else:
+    out[prefix[:-1]] = tree
+  return out
+
+
+def config_changes(
+  saved: Mapping[str, Any], new: Mapping[str, Any]
+) -> list[tuple[str, Any, Any]]:
+  """`(field, saved value, new value)` for every field outside `RESUMABLE`
+  that differs between two config dicts (JSON form); a field present in one
+  only counts as changed."""
+  a, b = _flatten(saved), _flatten(new)
+  missing = object()
+  out = []
+  for key in sorted(set(a) | set(b)):
+    if key in RESUMABLE:
+      continue
+    va, vb = a.get(key, missing), b.get(key, missing)
+    if va != vb:
+      out.append(
+        (
+          key,
+          '(absent)' if va is missing else va,
+          '(absent)' if vb is missing else vb,
+        )
+      )
+  return out
+
+
+def has_checkpoints(workdir: str) -> bool:
+  """Whether `<workdir>/checkpoints` holds a committed step directory."""
+  root = epath.Path(workdir) / CHECKPOINT_DIR
+  if not root.is_dir():
+    return False
+  return any(p.name.isdigit() for p in root.iterdir())
+
+
+class _Lock:
+  """An exclusive, non-blocking `flock` on a local file (module doc)."""
+
+  def __init__(self, path: str):
+    import fcntl
+
+    self.path = path
+    self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder = os.pread(self._fd, 200, 0).decode(errors='replace').strip()
+      os.close(self._fd)
+      raise WorkdirBusy(
+        f'{os.path.dirname(path)} is in use by another trainer '
+        f'({holder or "unknown holder"}; lock {path}): wait for it to '
+        'finish or use another --workdir'
+      ) from None
+    os.ftruncate(self._fd, 0)
+    os.pwrite(
+      self._fd, f'pid {os.getpid()} on {socket.gethostname()}\n'.encode(), 0
+    )
+    # Closing the descriptor drops the lock: on release(), or when the
+    # owner is garbage-collected without one.
+    self.release = weakref.finalize(self, os.close, self._fd)
+
+
+class Claim:
+  """A claimed workdir (`claim`); `release()` or process exit frees it."""
+
+  def __init__(self, workdir: str, config_json: str, lock: _Lock | None):
+    self.workdir = workdir
+    self._config_json = config_json
+    self._lock = lock
+
+  def write_config(self) -> None:
+    """Writes `<workdir>/config.json` (temporary file, then rename)."""
+    path = epath.Path(self.workdir) / CONFIG_FILE
+    tmp = path.parent / f'{CONFIG_FILE}.tmp'
+    tmp.write_text(self._config_json)
+    tmp.replace(path)
+
+  def release(self) -> None:
+    if self._lock is not None:
+      self._lock.release()
+      self._lock = None
+
+
+def claim(workdir: str, config: Any, *, allow_change: bool = False) -> Claim:
+  """Locks `workdir` and checks `config` (a ConfigDict) against the run
+  saved there (module doc). Writes nothing but the lock file; raises
+  `WorkdirBusy` or `ConfigChanged`."""
+  config_json = config.to_json(indent=2)
+  path = epath.Path(workdir)
+  path.mkdir(parents=True, exist_ok=True)
+  lock = None
+  if '://' in workdir:
+    logging.warning(
+      '%s is an object store: no workdir lock; run one trainer at a time',
+      workdir,
+    )
+  else:
+    lock = _Lock(os.path.join(os.fspath(path), LOCK_FILE))
+  try:
+    saved_path = path / CONFIG_FILE
+    if saved_path.is_file() and has_checkpoints(workdir):
+      changes = config_changes(
+        json.loads(saved_path.read_text()), json.loads(config_json)
+      )
+      if changes:
+        listed = '; '.join(
+          f'config.{k}: {a!r} in the run, {b!r} now' for k, a, b in changes
+        )
+        if not allow_change:
+          raise ConfigChanged(
+            f'{workdir} holds a run with another config ({listed}). '
+            'Resuming would silently continue under the new values: use '
+            'another --workdir, or pass --allow_config_change to resume '
+            'with them'
+          )
+        logging.warning(
+          'resuming %s with a changed config: %s', workdir, listed
+        )
+  except BaseException:
+    if lock is not None:
+      lock.release()
+    raise
+  return Claim(workdir, config_json, lock)
