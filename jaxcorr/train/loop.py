@@ -198,10 +198,8 @@ class Trainer:
     if run.critic.enabled:
       critic = nnx.merge(self.steps.critic_graphdef, self.state.critic_params)
       init_from_policy(critic, nnx.merge(self.graphdef, params))
-      # A copy: the critic must not share buffers with the policy, which
-      # the update donates alongside it.
-      critic_params = copy_tree(nnx.state(critic))
-      self.state = self.state.replace(critic_params=critic_params)
+      # init_from_policy copies: the update donates both param trees.
+      self.state = self.state.replace(critic_params=nnx.state(critic))
     self.sft_done = True
 
   def train_on(self, scored: Scored) -> dict[str, float]:
