@@ -46,7 +46,7 @@ def test_ppo_with_critic_trains_after_sft(tmp_path):
       assert math.isfinite(r[k]), (k, r)
   # The critic's backbone started from the SFT policy and was then trained
   # apart from it: its own buffers, now with other values.
-  critic = nnx.merge(trainer.critic_graphdef, trainer.state.critic_params)
+  critic = nnx.merge(trainer.steps.critic_graphdef, trainer.state.critic_params)
   policy = nnx.merge(trainer.graphdef, trainer.state.params)
   assert np.any(np.asarray(critic.head[...]) != 0)  # the head learned
   c = jax.tree.leaves(nnx.state(critic.backbone, nnx.Param))

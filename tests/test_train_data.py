@@ -197,7 +197,7 @@ def test_parquet_gsm8k_layout_and_errors(tmp_path):
 
 
 def test_make_source_from_config(tmp_path):
-  cfg = trainer_configs.data_section()
+  cfg = trainer_configs.sections()['data']
   cfg.num_examples, cfg.seed, cfg.ops = 7, 5, '+-'
   src = data.make_source(cfg)
   assert list(src) == list(tasks.ArithmeticSource(7, 5, 99, '+-'))
