@@ -208,3 +208,35 @@ def test_weights_and_tokenizer_equal_transformers_gguf_loader(
   ours_tok = transformers.AutoTokenizer.from_pretrained(smol_dir)
   for q in QUESTIONS:
     assert _tf_chat_ids(ours_tok, q) == _tf_chat_ids(ref_tok, q)
+
+
+def test_prompt_template_refuses_a_template_that_edits_the_content():
+  strip = ChatTemplate(
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] | trim }}"
+    '{% endfor %}{% if add_generation_prompt %}<bot>{% endif %}'
+  )
+  with pytest.raises(ValueError, match='renders contents differently'):
+    strip.prompt_template()
+  verbatim = ChatTemplate(strip.source.replace(' | trim', ''))
+  assert verbatim.prompt_template(content='Q: {prompt}') == (
+    '<user>Q: {prompt}<bot>'
+  )
+  with pytest.raises(ValueError, match='content: invalid value'):
+    verbatim.prompt_template(content='{prompt} and {x}')
+
+
+def test_gguf_of_another_architecture_is_refused(tmp_path):
+  gguf = pytest.importorskip('gguf')
+  from jaxcorr.model import UnsupportedModelError
+  from jaxcorr.model.gguf import GGUFFile
+
+  path = str(tmp_path / 'gemma.gguf')
+  w = gguf.GGUFWriter(path, 'gemma')
+  w.add_block_count(1)
+  w.add_tensor('token_embd.weight', np.zeros((4, 8), np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  with pytest.raises(UnsupportedModelError, match="supported: 'llama'"):
+    GGUFFile(path)
