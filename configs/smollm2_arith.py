@@ -86,8 +86,6 @@ def apply_task(
   config.optim.schedule = 'constant'
   config.optim.max_grad_norm = 1.0
   config.algorithm.estimator = 'grpo'
-  config.mesh.data = 1
-  config.mesh.fsdp = 1
 
 
 def apply_pulse(config: ml_collections.ConfigDict) -> None:
