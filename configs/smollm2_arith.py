@@ -76,10 +76,10 @@ def apply_task(
   config.reward.functions = 'math_answer'
   config.reward.timeout_s = 0.0
   config.train.sft_steps = 0
-  config.train.num_steps = 40
+  config.train.num_steps = 20
   config.train.eval_every = 10
   config.train.eval_prompts = 200
-  config.train.checkpoint_every = 20
+  config.train.checkpoint_every = 10
   config.train.tensorboard = False
   config.optim.learning_rate = 2e-5
   config.optim.warmup_steps = 2
