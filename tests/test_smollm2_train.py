@@ -93,7 +93,7 @@ def test_short_run_raises_the_reward(smol_dir, tmp_path):
   a quiet 2-core CPU, docs/smollm2.md section 3)."""
   cfg = config(
     smol_dir,
-    'decoupled_geo_rs',
+    'decoupled_token_is',
     train__num_steps=12,
     train__eval_every=0,
     train__checkpoint_every=0,
