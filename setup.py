@@ -31,6 +31,10 @@ setup(
     'pyarrow>=14',
     # Paths that may be gs:// (config.json of a TPU pod run's workdir).
     'etils[epath]>=1.5',
+    # jaxcorr.convert: GGUF (llama.cpp) files -> HF directories, and the
+    # chat templates of real models (jaxcorr.rollout.tokenizer).
+    'gguf>=0.10',
+    'jinja2>=3.1',
   ],
   extras_require={
     'test': [
@@ -41,6 +45,8 @@ setup(
       # Parity tests of jaxcorr.model against the reference implementation.
       'torch==2.13.0',
       'transformers>=4.51',
+      # transformers' own GGUF loader (the SmolLM2 parity reference).
+      'accelerate>=1.0',
       'safetensors>=0.4.3',
       'tokenizers>=0.19',
       # Notebooks executed headless in CI, and the mismatch lab's plots.

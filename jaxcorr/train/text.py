@@ -39,7 +39,9 @@ class HFTextTokenizer:
     # add_special_tokens=False: templates carry their own special tokens;
     # BOS is prepended explicitly for models that have one (Llama).
     ids = self._tok.encode(text, add_special_tokens=False).ids
-    if bos and self.bos_id is not None:
+    # A chat template that writes the BOS itself (SmolLM2's <|im_start|>)
+    # must not get a second one: transformers' apply_chat_template adds none.
+    if bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
       ids = [self.bos_id, *ids]
     return list(ids)
 
