@@ -13,8 +13,9 @@ statistics, RoPE rotation, attention scores and softmax (as transformers
 does, so bf16 runs stay close to the reference).
 
 `Attention` and `DecoderLayer` take an optional per-layer KV cache `(k, v)`
-([B, T, K, Dh] each) and a write index; without one they run the plain
-training / scoring forward.
+([B, T, K, Dh] each), a write index (a scalar, or one per row [B]) and an
+optional `attend_len`; without a cache they run the plain training /
+scoring forward.
 """
 
 from __future__ import annotations
@@ -240,12 +241,15 @@ class Attention(nnx.Module):
     mask: jax.Array,
     cache: LayerCache | None = None,
     cache_index: jax.Array | None = None,
+    attend_len: int | None = None,
   ) -> tuple[jax.Array, LayerCache | None]:
     """x [B, S, D] -> ([B, S, D], updated cache or None).
 
     With a cache, this step's k/v are written at slots [cache_index,
-    cache_index + S) and the queries attend over all T cache slots (`mask`
-    is then [B, S, T] and hides empty or foreign slots).
+    cache_index + S) (`cache_index` scalar, or [B] for rows at different
+    positions) and the queries attend over the first `attend_len` cache
+    slots (default all T; `mask` is then [B, S, attend_len] and hides
+    empty or foreign slots).
     """
     q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
     if self.q_norm is not None:
@@ -255,17 +259,30 @@ class Attention(nnx.Module):
     k = constrain(k, ('batch', 'seq', 'act_kv_heads', None))
     v = constrain(v, ('batch', 'seq', 'act_kv_heads', None))
     if cache is not None:
-      start = (0, cache_index, 0, 0)
-      k = jax.lax.dynamic_update_slice(
-        cache[0], k.astype(cache[0].dtype), start
+      cache = tuple(
+        write_cache(c, new, cache_index) for c, new in zip(cache, (k, v))
       )
-      v = jax.lax.dynamic_update_slice(
-        cache[1], v.astype(cache[1].dtype), start
-      )
-      cache = (k, v)
-      k, v = k.astype(q.dtype), v.astype(q.dtype)
+      k, v = (c[:, :attend_len].astype(q.dtype) for c in cache)
     out = attend(q, k, v, mask, self.precision)
     return self.o_proj(out), cache
+
+
+def write_cache(cache: jax.Array, new: jax.Array, index: jax.Array):
+  """cache [B, T, ...] with `new` [B, S, ...] written at slots [index,
+  index + S): one dynamic-update-slice for a scalar index, a per-row
+  scatter for index [B]. Both update the buffer in place when it is
+  donated or carried by a loop (tests/test_rollout_cache.py checks the
+  compiled decode loop for cache copies)."""
+  new = new.astype(cache.dtype)
+  if jnp.ndim(index) == 0:
+    return jax.lax.dynamic_update_slice(
+      cache, new, (0, index) + (0,) * (cache.ndim - 2)
+    )
+
+  def row(c, x, i):
+    return jax.lax.dynamic_update_slice(c, x, (i,) + (0,) * (c.ndim - 1))
+
+  return jax.vmap(row)(cache, new, index)
 
 
 class MLP(nnx.Module):
@@ -305,9 +322,12 @@ class DecoderLayer(nnx.Module):
     mask: jax.Array,
     cache: LayerCache | None = None,
     cache_index: jax.Array | None = None,
+    attend_len: int | None = None,
   ) -> tuple[jax.Array, LayerCache | None]:
     """x [B, S, D] -> ([B, S, D], updated cache or None)."""
-    h, cache = self.attn(self.attn_norm(x), rope, mask, cache, cache_index)
+    h, cache = self.attn(
+      self.attn_norm(x), rope, mask, cache, cache_index, attend_len
+    )
     x = x + h
     x = x + self.mlp(self.mlp_norm(x))
     return constrain(x, ('batch', 'seq', 'act_embed')), cache
