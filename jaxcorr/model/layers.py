@@ -13,7 +13,8 @@ statistics, RoPE rotation, attention scores and softmax (as transformers
 does, so bf16 runs stay close to the reference).
 
 `Attention` and `DecoderLayer` take an optional per-layer KV cache `(k, v)`
-([B, T, K, Dh] each), a write index (a scalar, or one per row [B]) and an
+([B, K, T, Dh] each: heads before time, the layout the attention dots
+read without a transpose), a write index (a scalar, or one per row [B]) and an
 optional `attend_len`; without a cache they run the plain training /
 scoring forward.
 """
@@ -29,7 +30,7 @@ from jaxcorr.model.config import RopeScaling, TransformerConfig
 from jaxcorr.sharding import constrain
 
 LayerCache = tuple[jax.Array, jax.Array]
-"""One layer's KV cache: (k, v), each [B, T, K, Dh]."""
+"""One layer's KV cache: (k, v), each [B, K, T, Dh]."""
 
 _NEG_INF = float(
   np.finfo(np.float32).min
@@ -170,19 +171,22 @@ def attend(
   v: jax.Array,
   mask: jax.Array,
   precision: jax.lax.Precision | None = None,
+  heads_first: bool = False,
 ) -> jax.Array:
-  """Grouped-query attention. q [B, S, H, Dh], k/v [B, T, K, Dh], mask
-  [B or 1, S, T] (True = attend) -> [B, S, H, Dh].
+  """Grouped-query attention. q [B, S, H, Dh], k/v [B, T, K, Dh] (or [B, K,
+  T, Dh] with `heads_first`, the cache layout), mask [B or 1, S, T] (True =
+  attend) -> [B, S, H, Dh].
 
   Plain XLA einsums: the [B, K, G, S, T] float32 scores are materialised. A
   fused kernel (splash / flash attention) taking segment ids would replace
   this function only.
   """
   b, s, h, dh = q.shape
-  kv = k.shape[2]
+  kv = k.shape[1 if heads_first else 2]
+  kv_spec = 'bktd' if heads_first else 'btkd'
   q = q.reshape(b, s, kv, h // kv, dh)
   scores = jnp.einsum(
-    'bskgd,btkd->bkgst',
+    f'bskgd,{kv_spec}->bkgst',
     q,
     k,
     precision=precision,
@@ -191,7 +195,7 @@ def attend(
   scores = scores * (dh**-0.5)
   scores = jnp.where(mask[:, None, None], scores, _NEG_INF)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum('bkgst,btkd->bskgd', probs, v, precision=precision)
+  out = jnp.einsum(f'bkgst,{kv_spec}->bskgd', probs, v, precision=precision)
   return out.reshape(b, s, h, dh)
 
 
@@ -258,29 +262,30 @@ class Attention(nnx.Module):
     q = constrain(q, ('batch', 'seq', 'act_heads', None))
     k = constrain(k, ('batch', 'seq', 'act_kv_heads', None))
     v = constrain(v, ('batch', 'seq', 'act_kv_heads', None))
-    if cache is not None:
+    if cache is None:
+      out = attend(q, k, v, mask, self.precision)
+    else:
       cache = tuple(
-        write_cache(c, new, cache_index) for c, new in zip(cache, (k, v))
+        write_cache(c, jnp.swapaxes(new, 1, 2), cache_index)
+        for c, new in zip(cache, (k, v))
       )
-      k, v = (c[:, :attend_len].astype(q.dtype) for c in cache)
-    out = attend(q, k, v, mask, self.precision)
+      k, v = (c[:, :, :attend_len].astype(q.dtype) for c in cache)
+      out = attend(q, k, v, mask, self.precision, heads_first=True)
     return self.o_proj(out), cache
 
 
 def write_cache(cache: jax.Array, new: jax.Array, index: jax.Array):
-  """cache [B, T, ...] with `new` [B, S, ...] written at slots [index,
+  """cache [B, K, T, Dh] with `new` [B, K, S, Dh] written at slots [index,
   index + S): one dynamic-update-slice for a scalar index, a per-row
   scatter for index [B]. Both update the buffer in place when it is
   donated or carried by a loop (tests/test_rollout_cache.py checks the
   compiled decode loop for cache copies)."""
   new = new.astype(cache.dtype)
   if jnp.ndim(index) == 0:
-    return jax.lax.dynamic_update_slice(
-      cache, new, (0, index) + (0,) * (cache.ndim - 2)
-    )
+    return jax.lax.dynamic_update_slice(cache, new, (0, 0, index, 0))
 
   def row(c, x, i):
-    return jax.lax.dynamic_update_slice(c, x, (i,) + (0,) * (c.ndim - 1))
+    return jax.lax.dynamic_update_slice(c, x, (0, i, 0))
 
   return jax.vmap(row)(cache, new, index)
 

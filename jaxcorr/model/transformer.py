@@ -74,7 +74,7 @@ def entropy_terms(probs: jax.Array, logits: jax.Array) -> jax.Array:
 class KVCache:
   """Keys/values of every layer for incremental decoding.
 
-  k, v: tuples of L arrays [B, T, K, Dh], one per layer; segment_ids: [B, T]
+  k, v: tuples of L arrays [B, K, T, Dh], one per layer; segment_ids: [B, T]
   int32, 0 = empty slot, or None (every slot before a row's write index is
   its own: the rollout engine's layout); index: int32 scalar (the next slot
   to write, the same for all rows) or [B] (one per row).
@@ -224,7 +224,7 @@ class Transformer(nnx.Module):
   ) -> KVCache:
     """An empty cache for `batch` rows of up to `max_len` tokens."""
     cfg = self.config
-    shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
     dtype = dtype or cfg.dtype
     zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
     return KVCache(
@@ -307,7 +307,7 @@ def _cache_mask(cache, b, s, positions, segment_ids, attend_len=None):
   """Mask [B, S, attend_len or T], positions [B, S] and the cache with this
   step's segment ids written, for S new tokens at slots [index, index + S).
   """
-  t = cache.k[0].shape[1] if attend_len is None else attend_len
+  t = cache.k[0].shape[2] if attend_len is None else attend_len
   index = cache.index
   per_row = jnp.ndim(index) == 1
   offsets = jnp.arange(s, dtype=jnp.int32)

@@ -41,7 +41,7 @@ def sample_rows(keys, logits, sp):
 
 def init_state(cfg, n: int, t: int, sp_row: jax.Array) -> DecodeState:
   """N empty slots with caches of T tokens each."""
-  shape = (n, t, cfg.num_kv_heads, cfg.head_dim)
+  shape = (n, cfg.num_kv_heads, t, cfg.head_dim)
 
   def zeros():
     return tuple(jnp.zeros(shape, cfg.dtype) for _ in range(cfg.num_layers))
@@ -83,10 +83,11 @@ def insert(prefix, state, slots, limit, stop_ids) -> DecodeState:
   limit [M] their token budgets; a request whose first token is a stop
   token or that may have only one token starts inactive."""
   src = prefix.source
-  pb = prefix.cache.k[0].shape[1]
+  pb = prefix.cache.k[0].shape[2]
 
   def put_rows(dst, rows):
-    return dst.at[slots, :pb].set(rows[src].astype(dst.dtype), mode='drop')
+    rows = rows[src].astype(dst.dtype)
+    return dst.at[slots, :, :pb].set(rows, mode='drop')
 
   def put(dst, x):
     return dst.at[slots].set(x.astype(dst.dtype), mode='drop')

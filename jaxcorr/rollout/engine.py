@@ -3,7 +3,7 @@ with the contract's per-token log-probs (`spec/rollout_contract.md`).
 
 JetStream's API, one request or one step at a time:
 
-    prefill(prompt padded to a bucket) -> Prefix (KV cache L x [1,Pb,K,Dh],
+    prefill(prompt padded to a bucket) -> Prefix (KV cache L x [1,K,Pb,Dh],
                                                   first token + log-probs)
     insert(prefix, state, slot)        -> the slot's cache rows, sampling
                                           params and RNG key replaced
@@ -19,7 +19,7 @@ and the batched, device-resident path `driver.generate` uses:
                                           dispatch (`rollout.decode`)
 
 Per-slot positions: the decode state holds one cache array per layer with
-a slot axis ([N, T, K, Dh]) and a write index per slot, and the model's
+a slot axis ([N, K, T, Dh]) and a write index per slot, and the model's
 own cached forward (`Transformer.hidden_states`) takes that per-row index,
 so the transformer math stays in `jaxcorr.model` and each step writes its
 keys/values in place. Prompts are right-padded inside their bucket; the

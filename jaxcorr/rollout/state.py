@@ -39,7 +39,7 @@ class Prefix:
   prompt (`source`), so the G samples of a prompt share one prefill. The
   JetStream `prefill` makes R = M = 1.
 
-  cache: KVCache, k/v L x [R, Pb, K, Dh], segment_ids None, index [R] the
+  cache: KVCache, k/v L x [R, K, Pb, Dh], segment_ids None, index [R] the
   true prompt lengths; the request arrays below are [M].
   """
 
@@ -56,7 +56,7 @@ class Prefix:
 class DecodeState:
   """Every slot's state; N = max_concurrent_decodes.
 
-  cache: KVCache, k/v L x [N, T, K, Dh] (one array per layer, updated in
+  cache: KVCache, k/v L x [N, K, T, Dh] (one array per layer, updated in
   place), segment_ids None, index [N] = each slot's next position; tokens
   [N] the last sampled token (the next step's input); steps [N] tokens
   sampled so far; keys [N, 2]; sampling [N, 4] as in `Prefix`; limit [N]
