@@ -96,6 +96,9 @@ def rollout_section() -> ml_collections.ConfigDict:
   r.logprob_mode = 'full'
   # Engine decode slots.
   r.max_concurrent_decodes = 64
+  # Engine decode steps per device dispatch: the host reads tokens and
+  # refills freed slots between dispatches (docs/rollout.md).
+  r.decode_chunk = 32
   # Engine parameter/compute dtype ('float32', 'bfloat16'): a bf16 engine is
   # the usual training/inference mismatch.
   r.engine_dtype = 'float32'

@@ -32,6 +32,8 @@ import numpy as np
 from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
 from jaxcorr.rollout.types import FinishReason, RolloutBatch
 
+_MIN_ROWS = 8  # the smallest batch `_shrink` makes
+
 
 def check_requests(
   engine: PolicyEngine, prompts: Sequence[Sequence[int]], max_new_tokens: int
@@ -135,13 +137,20 @@ def generate(
       )
       for slot, req in admitted:
         slots[slot] = req
+    if not queue:
+      state, slots = _shrink(engine, state, slots)
+    if queue:  # stop once 1/8 of the slots are free, to refill them
+      exit_active = n - max(1, n // 8)
+    elif len(slots) // 2 >= _MIN_ROWS:  # stop at half, to shrink the batch
+      exit_active = len(slots) // 2
+    else:
+      exit_active = 0
     version = engine.policy_version
     reach = _reach(slots, prompts, max_new_tokens, chunk)
     state, out = engine.decode_chunk(
       state,
       stop_arr,
-      # With requests waiting, stop once 1/8 of the slots are free.
-      exit_active=n - max(1, n // 8) if queue else 0,
+      exit_active=exit_active,
       attend_len=engine.attend_bucket(reach),
     )
     out, first = jax.device_get((out, first))  # the one sync per chunk
@@ -187,6 +196,19 @@ def _admit(engine, state, prompts, admitted, keys, sp, limit, stop_arr):
     stop_arr,
   )
   return state, prefix
+
+
+def _shrink(engine, state, slots):
+  """Once no request waits, move the live rows into a batch of the next
+  power of two (>= _MIN_ROWS) when that halves it at least: a decode step
+  costs about its row count, and late in a batch most rows are done."""
+  live = [i for i, r in enumerate(slots) if r is not None]
+  size = max(_MIN_ROWS, 1 << max(len(live) - 1, 0).bit_length())
+  if size > len(slots) // 2:
+    return state, slots
+  free = [i for i, r in enumerate(slots) if r is None]
+  rows = live + free[: size - len(live)]
+  return engine.compact(state, rows), [slots[i] for i in rows]
 
 
 def _reach(slots, prompts, limit, chunk) -> int:

@@ -158,6 +158,7 @@ class PolicyEngine(engine_api.Engine):
     self._generate_jit = jax.jit(
       functools.partial(self._generate_fn, g), donate_argnums=(1,)
     )
+    self._compact_jit = jax.jit(_take_rows, donate_argnums=(0,))
     self._chunk_jit = jax.jit(
       functools.partial(decode.decode_chunk, g),
       donate_argnums=(1,),
@@ -206,6 +207,7 @@ class PolicyEngine(engine_api.Engine):
         self._insert_jit,
         self._generate_jit,
         self._chunk_jit,
+        self._compact_jit,
       )
     )
 
@@ -393,6 +395,21 @@ class PolicyEngine(engine_api.Engine):
     )
     return state, result
 
+  def compact(
+    self, decode_state: DecodeState, rows: Sequence[int]
+  ) -> DecodeState:
+    """A decode state of len(rows) slots: slot i is old slot rows[i]. The
+    driver shrinks the batch this way once the queue is empty and half
+    the slots are done (one compilation per pair of sizes; `decode_chunk`
+    takes any slot count). JetStream's `insert`/`generate` keep using
+    full-size states."""
+    n = decode_state.tokens.shape[0]
+    if not rows or any(not 0 <= r < n for r in rows):
+      raise ValueError(f'rows {list(rows)} must be non-empty, in [0, {n})')
+    return self._compact_jit(
+      decode_state, *self._replicate(jnp.asarray(rows, jnp.int32))
+    )
+
   def attend_bucket(self, longest: int) -> int:
     """The attention bucket covering cache slots [0, longest)."""
     if not 0 < longest <= self._max_target:
@@ -458,3 +475,7 @@ class PolicyEngine(engine_api.Engine):
   @property
   def colocated_cpus(self) -> None:
     return None
+
+
+def _take_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
+  return jax.tree.map(lambda x: x[rows], state)

@@ -143,6 +143,7 @@ class RolloutConfig:
   min_p: float = 0.0
   logprob_mode: str = 'full'
   max_concurrent_decodes: int = 64
+  decode_chunk: int = 32
   engine_dtype: str = 'float32'
   engine_quant: str = 'none'
   mode: str = 'sync'
@@ -164,6 +165,7 @@ class RolloutConfig:
       'max_prompt_length',
       'max_new_tokens',
       'max_concurrent_decodes',
+      'decode_chunk',
       'queue_size',
     ):
       _int(f'{p}.{name}', getattr(self, name), 1)
