@@ -158,7 +158,7 @@ class PolicyEngine(engine_api.Engine):
     self._generate_jit = jax.jit(
       functools.partial(self._generate_fn, g), donate_argnums=(1,)
     )
-    self._compact_jit = jax.jit(_take_rows, donate_argnums=(0,))
+    self._compact_jit = jax.jit(_take_rows)
     self._chunk_jit = jax.jit(
       functools.partial(decode.decode_chunk, g),
       donate_argnums=(1,),
