@@ -55,5 +55,8 @@ setup(
       'nbformat>=5.10',
       'ipykernel>=6.29',
     ],
+    # bench/compare_tunix.py only (not CI); its pins may clash with the
+    # above: usually installed in a venv of its own (see that file).
+    'bench': ['google-tunix==0.1.7'],
   },
 )

@@ -1,36 +1,49 @@
-"""Rollout benchmark (issue 5: the JetStream rollout engine).
+"""Rollout benchmark: `driver.generate` end to end (prefill, decode, host
+work, `RolloutBatch`), this checkout against a baseline checkout, in one run.
 
-Measures, in one run (the machine is shared and noisy, so only numbers taken
-in the same run are compared):
+Workloads (16 prompts x 4 samples, 32-token prompts, 128 new tokens, the
+5M-param Llama-style model below, float32, temperature 1):
 
-  (a) decode throughput (tokens/s) of `PolicyEngine.generate` with every
-      slot busy: `--slots` slots, `--new-tokens` steps after prefill;
-  (b) the same tokens from a naive loop that recomputes the full forward
-      over [slots, prompt + generated] every step (the no-KV-cache
-      baseline; padded to one length so it compiles once): ratio (a)/(b);
-  (c) the bandwidth bound: each decode step must read the params and the
-      whole KV cache once; with the memory bandwidth measured here (a
-      jitted reduction over a large array), bound = slots / (bytes / BW)
-      tokens/s, and (a) is reported as a fraction of it.
+  (a) full       no stop tokens: every row runs to max_new_tokens;
+  (b) realistic  every 64th token id stops a row: lengths spread from a
+                 few tokens to the cap (mean ~45% of it; printed).
 
-Usage: python bench/rollout.py [--slots 64] [--new-tokens 256]
-       [--prompt 32] [--dtype float32]
+Each implementation runs in its own warm worker process (its checkout
+first on PYTHONPATH), and the parent alternates repetitions between them
+so both see the same background load; it reports median tokens/s (real
+response tokens / wall time) and the median of the per-repetition paired
+ratios. The baseline is any checkout of jaxcorr, e.g. the engine before
+issue 14:
+
+    git worktree add /tmp/jaxcorr-base aead0c1
+    python bench/rollout.py --baseline /tmp/jaxcorr-base
+
+Roofline: with the matmul peak and memory bandwidth measured here, the
+bound for (a) is sum over its steps of max(FLOPs / peak, bytes / BW),
+where a decode step reads every param and the live KV cache once and does
+2 FLOPs per param per row plus attention; the prefill adds 2 FLOPs per
+param per prompt token. The engine's (a) throughput is reported as a
+fraction of tokens / bound.
+
+Usage: python bench/rollout.py [--baseline DIR] [--reps 5]
+       [--decode-chunk 32]
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import json
+import os
+import statistics
+import subprocess
+import sys
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from jaxcorr.model import Transformer, TransformerConfig
-from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
-
-SMALL = TransformerConfig(
+PROMPTS, SAMPLES, PROMPT_LEN, NEW = 16, 4, 32, 128
+MODEL = dict(
   architecture='LlamaForCausalLM',
   vocab_size=4096,
   hidden_size=256,
@@ -38,110 +51,231 @@ SMALL = TransformerConfig(
   num_layers=4,
   num_heads=8,
   num_kv_heads=4,
+  rope_theta=1e6,
 )
+STOP_EVERY = 64  # workload (b): ids 0, 64, 128, ... stop a row
+WARMUP_SEEDS = 4
 
 
-def _bandwidth() -> float:
-  """Bytes/s of a jitted sum over a 256 MiB float32 array (best of 5)."""
+def prompts() -> list[list[int]]:
+  rng = np.random.default_rng(0)
+  ids = rng.integers(1, MODEL['vocab_size'], (PROMPTS, PROMPT_LEN))
+  return ids.tolist()
+
+
+def stop_ids(workload: str) -> list[int]:
+  if workload == 'a':
+    return []
+  return list(range(0, MODEL['vocab_size'], STOP_EVERY))
+
+
+# ------------------------------------------------------------ workers
+
+
+def _jaxcorr_worker(decode_chunk: int) -> None:
+  """Serve 'a' / 'b' lines on stdin with one timed driver.generate each."""
+  import jax
+  from flax import nnx
+
+  import jaxcorr
+  from jaxcorr.model import Transformer, TransformerConfig
+  from jaxcorr.rollout import driver
+  from jaxcorr.rollout.engine import PolicyEngine
+
+  model = Transformer(TransformerConfig(**MODEL), rngs=nnx.Rngs(0))
+  kw = {}
+  if 'decode_chunk' in inspect.signature(PolicyEngine).parameters:
+    kw['decode_chunk'] = decode_chunk
+  engine = PolicyEngine(
+    model,
+    max_concurrent_decodes=PROMPTS * SAMPLES,
+    max_prefill_length=PROMPT_LEN,
+    max_target_length=PROMPT_LEN + NEW,
+    **kw,
+  )
+  ps = prompts()
+
+  def run(workload: str, seed: int) -> dict:
+    t0 = time.perf_counter()
+    batch = driver.generate(
+      engine,
+      ps,
+      num_samples=SAMPLES,
+      max_new_tokens=NEW,
+      stop_token_ids=stop_ids(workload),
+      seed=seed,
+    )
+    jax.block_until_ready(batch.response_tokens)
+    secs = time.perf_counter() - t0
+    lengths = batch.response_mask.sum(1)
+    return dict(
+      seconds=secs, tokens=int(lengths.sum()), lengths=lengths.tolist()
+    )
+
+  serve(run, name=f'jaxcorr {os.path.dirname(jaxcorr.__file__)}')
+
+
+def serve(run, name: str) -> None:
+  """Worker loop: warm up, then answer 'a <seed>' lines. The warm-up runs
+  (b) with several seeds: its lengths decide which (batch size, attention
+  bucket) variants compile, and the report is about steady state (a
+  trainer compiles each variant once)."""
+  run('a', 0)
+  for seed in range(WARMUP_SEEDS):
+    run('b', seed)
+  print(json.dumps(dict(ready=name)), flush=True)
+  for line in sys.stdin:
+    w, seed = line.split()
+    print(json.dumps(run(w, int(seed))), flush=True)
+
+
+class Worker:
+  """A warm benchmark process speaking one JSON line per request."""
+
+  def __init__(self, label: str, cmd: list[str], cwd: str, env: dict):
+    self.label = label
+    self.proc = subprocess.Popen(
+      cmd,
+      cwd=cwd,
+      env={**os.environ, **env},
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      text=True,
+    )
+    self.name = self._read()['ready']
+
+  def _read(self) -> dict:
+    while True:
+      line = self.proc.stdout.readline()
+      if not line:
+        raise RuntimeError(f'worker {self.label} exited')
+      if line.startswith('{'):
+        return json.loads(line)
+
+  def run(self, workload: str, seed: int) -> dict:
+    self.proc.stdin.write(f'{workload} {seed}\n')
+    self.proc.stdin.flush()
+    return self._read()
+
+  def close(self) -> None:
+    self.proc.stdin.close()
+    self.proc.wait()
+
+
+def jaxcorr_worker(label: str, root: str, decode_chunk: int) -> Worker:
+  cmd = [sys.executable, os.path.abspath(__file__), '--worker']
+  cmd += ['--decode-chunk', str(decode_chunk)]
+  return Worker(label, cmd, root, {'PYTHONPATH': root})
+
+
+def alternate(workers: list[Worker], reps: int) -> dict:
+  """{workload: {label: [result per rep]}}, workers interleaved per rep
+  (the starting worker rotates so neither always runs first)."""
+  out = {w: {k.label: [] for k in workers} for w in 'ab'}
+  for rep in range(reps):
+    for w in 'ab':
+      order = workers[rep % len(workers) :] + workers[: rep % len(workers)]
+      for k in order:
+        out[w][k.label].append(k.run(w, 100 + rep))
+  return out
+
+
+def report(results: dict, new: str, ref: str) -> dict:
+  """Print median tok/s per side and the median paired ratio new / ref."""
+  summary = {}
+  for w, sides in results.items():
+    tps = {k: [r['tokens'] / r['seconds'] for r in v] for k, v in sides.items()}
+    ratios = [a / b for a, b in zip(tps[new], tps[ref])]
+    lengths = np.concatenate([r['lengths'] for r in sides[new]])
+    summary[w] = dict(
+      new=statistics.median(tps[new]),
+      ref=statistics.median(tps[ref]),
+      ratio=statistics.median(ratios),
+      ratios=ratios,
+    )
+    print(
+      f'({w}) {new}: {summary[w]["new"]:8.0f} tok/s   {ref}: '
+      f'{summary[w]["ref"]:8.0f} tok/s   ratio {summary[w]["ratio"]:.2f}x '
+      f'(paired: {", ".join(f"{r:.2f}" for r in ratios)}); response '
+      f'length mean {lengths.mean() / NEW:.0%} of cap, min {lengths.min()}, '
+      f'max {lengths.max()}'
+    )
+  return summary
+
+
+# ----------------------------------------------------------- roofline
+
+
+def roofline_tokens_per_s() -> tuple[float, str]:
+  """Bound on workload (a)'s tokens/s from measured peak and bandwidth."""
+  import jax
+  import jax.numpy as jnp
+
+  def best(fn, *args):
+    fn(*args).block_until_ready()
+    times = []
+    for _ in range(5):
+      t0 = time.perf_counter()
+      fn(*args).block_until_ready()
+      times.append(time.perf_counter() - t0)
+    return min(times)
+
+  n = 1024
+  a = jnp.ones((n, n), jnp.float32)
+  peak = 2 * n**3 / best(jax.jit(jnp.matmul), a, a)
   x = jnp.ones((64 * 1024 * 1024,), jnp.float32)
-  f = jax.jit(jnp.sum)
-  f(x).block_until_ready()
-  best = min(_timed(lambda: f(x).block_until_ready()) for _ in range(5))
-  return x.nbytes / best
-
-
-def _timed(fn) -> float:
-  t0 = time.perf_counter()
-  fn()
-  return time.perf_counter() - t0
+  bw = x.nbytes / best(jax.jit(jnp.sum), x)
+  m = MODEL
+  d, f, v, layers = (
+    m['hidden_size'],
+    m['intermediate_size'],
+    m['vocab_size'],
+    m['num_layers'],
+  )
+  dh = d // m['num_heads']
+  per_layer = d * dh * (2 * m['num_heads'] + 2 * m['num_kv_heads']) + 3 * d * f
+  matmul_params = layers * per_layer + v * d  # + head; embedding is a gather
+  param_bytes = 4 * (layers * per_layer + 2 * v * d)
+  rows = PROMPTS * SAMPLES
+  total = PROMPTS * PROMPT_LEN * 2 * matmul_params / peak
+  for t in range(1, NEW):
+    live = PROMPT_LEN + t
+    attn = 4 * layers * m['num_heads'] * dh * live * rows
+    flops = 2 * matmul_params * rows + attn
+    kv_bytes = 2 * 4 * layers * rows * live * m['num_kv_heads'] * dh
+    total += max(flops / peak, (param_bytes + kv_bytes) / bw)
+  note = f'matmul peak {peak / 1e9:.0f} GFLOP/s, bandwidth {bw / 1e9:.1f} GB/s'
+  return rows * NEW / total, note
 
 
 def main() -> None:
   ap = argparse.ArgumentParser()
-  ap.add_argument('--slots', type=int, default=64)
-  ap.add_argument('--new-tokens', type=int, default=256)
-  ap.add_argument('--prompt', type=int, default=32)
-  ap.add_argument('--naive-steps', type=int, default=16)
-  ap.add_argument('--dtype', default='float32')
+  ap.add_argument('--worker', action='store_true')
+  ap.add_argument('--baseline', default=None, help='another jaxcorr checkout')
+  ap.add_argument('--reps', type=int, default=5)
+  ap.add_argument('--decode-chunk', type=int, default=32)
   args = ap.parse_args()
-  n, steps, p = args.slots, args.new_tokens, args.prompt
-  model = Transformer(SMALL, rngs=nnx.Rngs(0))
-  total = p + steps + 1
-  engine = PolicyEngine(
-    model,
-    max_concurrent_decodes=n,
-    max_prefill_length=p,
-    max_target_length=total,
-    dtype=jnp.dtype(args.dtype),
-  )
-  rng = np.random.default_rng(0)
-  prompts = rng.integers(0, SMALL.vocab_size, (n, p))
-  state = engine.init_decode_state()
-  sp = SamplingParams(temperature=1.0)
-  for slot in range(n):
-    padded, length = engine.pad_prompt(prompts[slot])
-    prefix = engine.prefill(
-      params=engine.params,
-      padded_tokens=padded,
-      true_length=length,
-      sampling_params=sp,
-      key=jax.random.PRNGKey(slot),
-    )
-    state = engine.insert(prefix, state, slot)
-  state, res = engine.generate(engine.params, state)  # compile
-  res.data.block_until_ready()
-
-  def decode():
-    nonlocal state
-    for _ in range(steps - 1):
-      state, out = engine.generate(engine.params, state)
-    out.data.block_until_ready()
-
-  engine_s = _timed(decode) / (steps - 1)
-  engine_tps = n / engine_s
-
-  # (b) naive: full forward over the whole padded sequence every step.
-  @nnx.jit
-  def naive_step(model, tokens, length):
-    logits = model(tokens)
-    nxt = jnp.argmax(
-      jax.lax.dynamic_index_in_dim(logits, length - 1, 1, False), -1
-    )
-    return jax.lax.dynamic_update_index_in_dim(
-      tokens, nxt.astype(jnp.int32), length, 1
-    )
-
-  tokens = jnp.zeros((n, total), jnp.int32).at[:, :p].set(prompts)
-  tokens = naive_step(model, tokens, jnp.int32(p))
-  tokens.block_until_ready()
-
-  def naive():
-    nonlocal tokens
-    for i in range(args.naive_steps):
-      tokens = naive_step(model, tokens, jnp.int32(p + 1 + i))
-    tokens.block_until_ready()
-
-  naive_tps = n / (_timed(naive) / args.naive_steps)
-
-  # (c) bandwidth bound.
-  param_bytes = sum(x.nbytes for x in jax.tree.leaves(engine.params))
-  kv_bytes = state.cache.k.nbytes + state.cache.v.nbytes
-  bw = _bandwidth()
-  bound_tps = n / ((param_bytes + kv_bytes) / bw)
-  print(f'device: {jax.devices()[0].device_kind}, dtype {args.dtype}')
-  print(f'slots {n}, prompt {p}, new tokens {steps}, cache {total}')
-  print(
-    f'params {param_bytes / 2**20:.1f} MiB, KV cache {kv_bytes / 2**20:.1f} MiB'
-  )
-  print(
-    f'(a) engine decode      {engine_tps:10.0f} tok/s ({engine_s * 1e3:.2f} ms/step)'
-  )
-  print(
-    f'(b) naive full forward {naive_tps:10.0f} tok/s  ratio a/b = {engine_tps / naive_tps:.1f}x'
-  )
-  print(
-    f'(c) bandwidth bound    {bound_tps:10.0f} tok/s at {bw / 1e9:.1f} GB/s  fraction a/c = {engine_tps / bound_tps:.2f}'
-  )
+  if args.worker:
+    _jaxcorr_worker(args.decode_chunk)
+    return
+  bound, note = roofline_tokens_per_s()
+  here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  workers = [jaxcorr_worker('new', here, args.decode_chunk)]
+  if args.baseline:
+    workers.append(jaxcorr_worker('base', args.baseline, args.decode_chunk))
+  for w in workers:
+    print(f'{w.label}: {w.name}')
+  try:
+    results = alternate(workers, args.reps)
+  finally:
+    for w in workers:
+      w.close()
+  if args.baseline:
+    summary = report(results, 'new', 'base')
+  else:
+    summary = report(results, 'new', 'new')
+  print(f'roofline (a): {bound:.0f} tok/s ({note})')
+  print(f'(a) fraction of the roofline: {summary["a"]["new"] / bound:.2f}')
 
 
 if __name__ == '__main__':

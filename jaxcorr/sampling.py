@@ -47,8 +47,12 @@ def support(
     min_p: keep tokens with q >= min_p * max q (0.0 = off).
   """
   z = scaled_logits(logits, temperature)
-  batch = z.shape[:-1]
-  q = jax.nn.softmax(z, axis=-1)
+  return _support_of_probs(jax.nn.softmax(z, axis=-1), top_k, top_p, min_p)
+
+
+def _support_of_probs(q, top_k, top_p, min_p) -> jax.Array:
+  """`support` from the probabilities q [..., V] = softmax(z / τ)."""
+  batch = q.shape[:-1]
   k = _per_row(top_k, batch, jnp.int32)
   p = _per_row(top_p, batch, jnp.float32)
   # The sort is the expensive part (a [.., V] argsort per row); skip it when
@@ -134,9 +138,16 @@ def sample(
   Returns:
     tokens [B] int32, logp_full [B] and logp_truncated [B] float32.
   """
-  keep = support(logits, temperature, top_k, top_p, min_p)
-  z = jnp.where(keep, scaled_logits(logits, temperature), -jnp.inf)
-  tokens = jax.vmap(lambda k, row: jax.random.categorical(k, row))(keys, z)
-  tokens = tokens.astype(jnp.int32)
-  full, trunc = token_logprobs(logits, tokens, temperature, keep)
-  return tokens, full, trunc
+  log_q = jax.nn.log_softmax(scaled_logits(logits, temperature), axis=-1)
+  q = jnp.exp(log_q)
+  keep = _support_of_probs(q, top_k, top_p, min_p)
+  # Exponential race: with E_v ~ Exp(1) independent, argmax_v q_v / E_v is
+  # v with probability q_v / sum_K q (the Gumbel-max trick, one log per
+  # entry instead of two; u >= tiny keeps every E_v > 0).
+  tiny = jnp.finfo(jnp.float32).tiny
+  u = jax.vmap(lambda k: jax.random.uniform(k, q.shape[-1:], minval=tiny))(keys)
+  race = jnp.where(keep, q / -jnp.log(u), -1.0)
+  tokens = jnp.argmax(race, axis=-1).astype(jnp.int32)
+  full = jnp.take_along_axis(log_q, tokens[..., None], axis=-1)[..., 0]
+  kept_mass = jnp.sum(jnp.where(keep, q, 0.0), axis=-1)
+  return tokens, full, full - jnp.log(kept_mass)

@@ -13,8 +13,10 @@ statistics, RoPE rotation, attention scores and softmax (as transformers
 does, so bf16 runs stay close to the reference).
 
 `Attention` and `DecoderLayer` take an optional per-layer KV cache `(k, v)`
-([B, T, K, Dh] each) and a write index; without one they run the plain
-training / scoring forward.
+([B, K, T, Dh] each: heads before time, the layout the attention dots
+read without a transpose), a write index (a scalar, or one per row [B]) and an
+optional `attend_len`; without a cache they run the plain training /
+scoring forward.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from jaxcorr.model.config import RopeScaling, TransformerConfig
 from jaxcorr.sharding import constrain
 
 LayerCache = tuple[jax.Array, jax.Array]
-"""One layer's KV cache: (k, v), each [B, T, K, Dh]."""
+"""One layer's KV cache: (k, v), each [B, K, T, Dh]."""
 
 _NEG_INF = float(
   np.finfo(np.float32).min
@@ -169,19 +171,22 @@ def attend(
   v: jax.Array,
   mask: jax.Array,
   precision: jax.lax.Precision | None = None,
+  heads_first: bool = False,
 ) -> jax.Array:
-  """Grouped-query attention. q [B, S, H, Dh], k/v [B, T, K, Dh], mask
-  [B or 1, S, T] (True = attend) -> [B, S, H, Dh].
+  """Grouped-query attention. q [B, S, H, Dh], k/v [B, T, K, Dh] (or [B, K,
+  T, Dh] with `heads_first`, the cache layout), mask [B or 1, S, T] (True =
+  attend) -> [B, S, H, Dh].
 
   Plain XLA einsums: the [B, K, G, S, T] float32 scores are materialised. A
   fused kernel (splash / flash attention) taking segment ids would replace
   this function only.
   """
   b, s, h, dh = q.shape
-  kv = k.shape[2]
+  kv = k.shape[1 if heads_first else 2]
+  kv_spec = 'bktd' if heads_first else 'btkd'
   q = q.reshape(b, s, kv, h // kv, dh)
   scores = jnp.einsum(
-    'bskgd,btkd->bkgst',
+    f'bskgd,{kv_spec}->bkgst',
     q,
     k,
     precision=precision,
@@ -190,7 +195,7 @@ def attend(
   scores = scores * (dh**-0.5)
   scores = jnp.where(mask[:, None, None], scores, _NEG_INF)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum('bkgst,btkd->bskgd', probs, v, precision=precision)
+  out = jnp.einsum(f'bkgst,{kv_spec}->bskgd', probs, v, precision=precision)
   return out.reshape(b, s, h, dh)
 
 
@@ -240,12 +245,15 @@ class Attention(nnx.Module):
     mask: jax.Array,
     cache: LayerCache | None = None,
     cache_index: jax.Array | None = None,
+    attend_len: int | None = None,
   ) -> tuple[jax.Array, LayerCache | None]:
     """x [B, S, D] -> ([B, S, D], updated cache or None).
 
     With a cache, this step's k/v are written at slots [cache_index,
-    cache_index + S) and the queries attend over all T cache slots (`mask`
-    is then [B, S, T] and hides empty or foreign slots).
+    cache_index + S) (`cache_index` scalar, or [B] for rows at different
+    positions) and the queries attend over the first `attend_len` cache
+    slots (default all T; `mask` is then [B, S, attend_len] and hides
+    empty or foreign slots).
     """
     q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
     if self.q_norm is not None:
@@ -254,18 +262,32 @@ class Attention(nnx.Module):
     q = constrain(q, ('batch', 'seq', 'act_heads', None))
     k = constrain(k, ('batch', 'seq', 'act_kv_heads', None))
     v = constrain(v, ('batch', 'seq', 'act_kv_heads', None))
-    if cache is not None:
-      start = (0, cache_index, 0, 0)
-      k = jax.lax.dynamic_update_slice(
-        cache[0], k.astype(cache[0].dtype), start
+    if cache is None:
+      out = attend(q, k, v, mask, self.precision)
+    else:
+      cache = tuple(
+        write_cache(c, jnp.swapaxes(new, 1, 2), cache_index)
+        for c, new in zip(cache, (k, v))
       )
-      v = jax.lax.dynamic_update_slice(
-        cache[1], v.astype(cache[1].dtype), start
-      )
-      cache = (k, v)
-      k, v = k.astype(q.dtype), v.astype(q.dtype)
-    out = attend(q, k, v, mask, self.precision)
+      k, v = (c[:, :, :attend_len].astype(q.dtype) for c in cache)
+      out = attend(q, k, v, mask, self.precision, heads_first=True)
     return self.o_proj(out), cache
+
+
+def write_cache(cache: jax.Array, new: jax.Array, index: jax.Array):
+  """cache [B, K, T, Dh] with `new` [B, K, S, Dh] written at slots [index,
+  index + S): one dynamic-update-slice for a scalar index, a per-row
+  scatter for index [B]. Both update the buffer in place when it is
+  donated or carried by a loop (tests/test_rollout_cache.py checks the
+  compiled decode loop for cache copies)."""
+  new = new.astype(cache.dtype)
+  if jnp.ndim(index) == 0:
+    return jax.lax.dynamic_update_slice(cache, new, (0, 0, index, 0))
+
+  def row(c, x, i):
+    return jax.lax.dynamic_update_slice(c, x, (0, i, 0))
+
+  return jax.vmap(row)(cache, new, index)
 
 
 class MLP(nnx.Module):
@@ -305,9 +327,12 @@ class DecoderLayer(nnx.Module):
     mask: jax.Array,
     cache: LayerCache | None = None,
     cache_index: jax.Array | None = None,
+    attend_len: int | None = None,
   ) -> tuple[jax.Array, LayerCache | None]:
     """x [B, S, D] -> ([B, S, D], updated cache or None)."""
-    h, cache = self.attn(self.attn_norm(x), rope, mask, cache, cache_index)
+    h, cache = self.attn(
+      self.attn_norm(x), rope, mask, cache, cache_index, attend_len
+    )
     x = x + h
     x = x + self.mlp(self.mlp_norm(x))
     return constrain(x, ('batch', 'seq', 'act_embed')), cache

@@ -12,7 +12,11 @@ embedding itself when tied), `__call__` for full logits.
 Packing: `segment_ids` [B, S] (any ints, one id per packed sequence) keep
 attention inside each sequence; positions then restart at 0 in each segment
 unless given. Decoding: `init_cache` and a `KVCache` passed to
-`hidden_states` (prefill, then one or more tokens per step).
+`hidden_states` (prefill, then one or more tokens per step). The cache holds
+one array per layer, so a step writes each layer's new keys/values in place
+(a stacked [L, ...] array would be sliced and re-stacked, copying the whole
+cache every token); rows may sit at different positions (`index` [B]) and a
+step may attend over only a prefix of the cache (`attend_len`).
 
 Layers are either a list (`scan_layers=False`) or one stacked module scanned
 with `jax.lax.scan` (`scan_layers=True`: one layer compiled once, params
@@ -71,14 +75,15 @@ def entropy_terms(probs: jax.Array, logits: jax.Array) -> jax.Array:
 class KVCache:
   """Keys/values of every layer for incremental decoding.
 
-  k, v: [L, B, T, K, Dh]; segment_ids: [B, T] int32, 0 = empty slot;
-  index: int32 scalar, the next slot to write (slots fill left to right,
-  the same for all rows).
+  k, v: tuples of L arrays [B, K, T, Dh], one per layer; segment_ids: [B, T]
+  int32, 0 = empty slot, or None (every slot before a row's write index is
+  its own: the rollout engine's layout); index: int32 scalar (the next slot
+  to write, the same for all rows) or [B] (one per row).
   """
 
-  k: jax.Array
-  v: jax.Array
-  segment_ids: jax.Array
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+  segment_ids: jax.Array | None
   index: jax.Array
 
 
@@ -140,6 +145,7 @@ class Transformer(nnx.Module):
     positions: jax.Array | None = None,
     segment_ids: jax.Array | None = None,
     cache: KVCache | None = None,
+    attend_len: int | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """tokens [B, S] -> (final-normed hidden [B, S, D] in compute dtype, cache).
 
@@ -148,6 +154,9 @@ class Transformer(nnx.Module):
     With a cache: the S tokens go to slots [index, index + S) and attend to
     every filled slot of their segment (default segment 1); `positions`
     default to index + [0, S) and must be given for left-padded prompts.
+    `attend_len` (static) bounds attention to the first slots of the cache:
+    the caller guarantees index + S <= attend_len (the rollout engine picks
+    it from a few buckets covering the longest live row).
     """
     cfg = self.config
     b, s = tokens.shape
@@ -164,7 +173,9 @@ class Transformer(nnx.Module):
         if positions is None:
           positions = segment_positions(segment_ids)
     else:
-      mask, positions, cache = _cache_mask(cache, b, s, positions, segment_ids)
+      mask, positions, cache = _cache_mask(
+        cache, b, s, positions, segment_ids, attend_len
+      )
 
     x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype)
     x = constrain(x, ('batch', 'seq', 'act_embed'))
@@ -174,7 +185,7 @@ class Transformer(nnx.Module):
     )
     kv = None if cache is None else (cache.k, cache.v)
     index = None if cache is None else cache.index
-    x, kv = self._layers(x, rope, mask, kv, index)
+    x, kv = self._layers(x, rope, mask, kv, index, attend_len)
     if cache is not None:
       cache = cache.replace(k=kv[0], v=kv[1], index=cache.index + s)
     return self.final_norm(x), cache
@@ -214,46 +225,63 @@ class Transformer(nnx.Module):
   ) -> KVCache:
     """An empty cache for `batch` rows of up to `max_len` tokens."""
     cfg = self.config
-    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
     dtype = dtype or cfg.dtype
+    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
     return KVCache(
-      k=jnp.zeros(shape, dtype),
-      v=jnp.zeros(shape, dtype),
+      k=zeros,
+      v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
       segment_ids=jnp.zeros((batch, max_len), jnp.int32),
       index=jnp.zeros((), jnp.int32),
     )
 
   # ------------------------------------------------------------ layers
 
-  def _layers(self, x, rope, mask, kv, index):
-    """Run every layer; kv is None or the stacked (k, v) [L, B, T, K, Dh]."""
+  def _layers(self, x, rope, mask, kv, index, attend_len=None):
+    """Run every layer; kv is None or per-layer (k, v) tuples."""
+    if kv is not None:
+      return self._cached_layers(x, rope, mask, kv, index, attend_len)
     policy = _REMAT_POLICY.get(self.config.remat)
 
-    def run(graphdef, state, x, kv_l):
+    def run(graphdef, state, x):
       layer = nnx.merge(graphdef, state)
-      return layer(x, rope, mask, kv_l, index)
+      return layer(x, rope, mask)[0]
 
     if self.config.scan_layers:
       graphdef, state = nnx.split(self.layers)
-
-      def body(x, xs):
-        return step(graphdef, xs[0], x, xs[1])
-
       step = run if policy is None else _checkpoint(run, policy)
-      x, kv = jax.lax.scan(body, x, (state, kv))
-      return x, kv
-    new_kv = []
-    for i, layer in enumerate(self.layers):
-      kv_l = None if kv is None else (kv[0][i], kv[1][i])
+
+      def body(x, layer_state):
+        return step(graphdef, layer_state, x), None
+
+      x, _ = jax.lax.scan(body, x, state)
+      return x, None
+    for layer in self.layers:
       if policy is None:
-        x, kv_l = layer(x, rope, mask, kv_l, index)
+        x, _ = layer(x, rope, mask)
       else:
         graphdef, state = nnx.split(layer)
-        x, kv_l = _checkpoint(run, policy)(graphdef, state, x, kv_l)
-      new_kv.append(kv_l)
-    if kv is None:
-      return x, None
-    return x, tuple(jnp.stack(t) for t in zip(*new_kv))
+        x = _checkpoint(run, policy)(graphdef, state, x)
+    return x, None
+
+  def _cached_layers(self, x, rope, mask, kv, index, attend_len):
+    """Decoding: an unrolled loop over layers, each with its own cache
+    arrays, so every write lands in place (no remat: nothing to
+    differentiate)."""
+    if self.config.scan_layers:
+      graphdef, state = nnx.split(self.layers)
+      layers = [
+        nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
+        for i in range(self.config.num_layers)
+      ]
+    else:
+      layers = list(self.layers)
+    new_k, new_v = [], []
+    for layer, k, v in zip(layers, *kv):
+      x, (k, v) = layer(x, rope, mask, (k, v), index, attend_len)
+      new_k.append(k)
+      new_v.append(v)
+    return x, (tuple(new_k), tuple(new_v))
 
 
 def _checkpoint(fn, policy):
@@ -276,21 +304,37 @@ def _stacked_layers(cfg: TransformerConfig, rngs: nnx.Rngs) -> DecoderLayer:
   return layers
 
 
-def _cache_mask(cache, b, s, positions, segment_ids):
-  """Mask [B, S, T], positions [B, S] and the cache with this step's segment
-  ids written, for S new tokens at slots [index, index + S)."""
-  t = cache.segment_ids.shape[1]
+def _cache_mask(cache, b, s, positions, segment_ids, attend_len=None):
+  """Mask [B, S, attend_len or T], positions [B, S] and the cache with this
+  step's segment ids written, for S new tokens at slots [index, index + S).
+  """
+  t = cache.k[0].shape[2] if attend_len is None else attend_len
+  index = cache.index
+  per_row = jnp.ndim(index) == 1
+  offsets = jnp.arange(s, dtype=jnp.int32)
+  q_slot = index[:, None] + offsets if per_row else index + offsets
+  q_slot = jnp.broadcast_to(q_slot, (b, s))
+  k_slot = jnp.arange(t, dtype=jnp.int32)
+  mask = k_slot[None, None, :] <= q_slot[:, :, None]
+  if positions is None:
+    positions = q_slot
+  if cache.segment_ids is None:
+    if segment_ids is not None:
+      raise ValueError(
+        'segment_ids need a cache with segment_ids (init_cache makes one)'
+      )
+    return mask, positions, cache
   if segment_ids is None:
     segment_ids = jnp.ones((b, s), jnp.int32)
-  seg = jax.lax.dynamic_update_slice(
-    cache.segment_ids, segment_ids.astype(jnp.int32), (0, cache.index)
-  )
-  q_slot = cache.index + jnp.arange(s, dtype=jnp.int32)
-  k_slot = jnp.arange(t, dtype=jnp.int32)
-  mask = (k_slot[None, :] <= q_slot[:, None])[None]
-  mask = (
-    mask & (seg[:, None, :] == segment_ids[:, :, None]) & (seg != 0)[:, None]
-  )
-  if positions is None:
-    positions = jnp.broadcast_to(q_slot, (b, s))
+  seg = _write_ids(cache.segment_ids, segment_ids.astype(jnp.int32), index)
+  seg_t = seg[:, :t]
+  mask &= (seg_t[:, None, :] == segment_ids[:, :, None]) & (seg_t != 0)[:, None]
   return mask, positions, cache.replace(segment_ids=seg)
+
+
+def _write_ids(ids, new, index):
+  if jnp.ndim(index) == 0:
+    return jax.lax.dynamic_update_slice(ids, new, (0, index))
+  return jax.vmap(lambda r, x, i: jax.lax.dynamic_update_slice(r, x, (i,)))(
+    ids, new, index
+  )

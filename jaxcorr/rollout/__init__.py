@@ -1,6 +1,7 @@
 """Rollouts: the batch the engine hands to the trainer (`types`), its host
 checks (`validate`), the JetStream engine over the policy model (`engine`,
-its data in `state`, an ids-as-text `tokenizer`) and the offline
+its data in `state`, its jitted device functions in `decode`, an
+ids-as-text `tokenizer`) and the offline
 continuous-batching driver (`driver`).
 """
 

@@ -1,8 +1,13 @@
-"""Offline continuous batching over a JetStream engine -> `RolloutBatch`.
+"""Offline continuous batching over the JetStream engine -> `RolloutBatch`.
 
-    queue of requests (prompt i, sample s) --prefill--> free slot --insert-->
-    generate steps (all slots at once) --> retire on stop token / length
-    --> slot freed and refilled from the queue
+    queue of requests (prompt i, sample s)
+      --prefill_batch--> each waiting prompt once, a first token per sample
+      --insert_batch-->  every free slot in one scatter
+      --decode_chunk-->  up to `decode_chunk` steps on device (stop tokens
+                         and length limits checked there); leaves early
+                         when all slots are done or 1/8 of them are free
+      --one host read--> tokens, log-probs, finished slots; freed slots
+                         are refilled from the queue before the next chunk
 
 JetStream 0.2.2's orchestrator returns text only, so jaxcorr drives the
 engine itself and keeps the per-token log-probs its `PolicyEngine` returns.
@@ -11,9 +16,9 @@ fold_in(fold_in(PRNGKey(seed), first_prompt + i), s): its tokens depend
 neither on the slot it lands in nor on the other requests, so any slot count
 gives the same batch, and a host sampling its share of a global batch
 (`first_prompt` = the global index of its first prompt) draws what one host
-sampling the whole batch would. The loop runs on the host and syncs once per
-decode step (to retire finished requests); the steps themselves are jitted
-in the engine.
+sampling the whole batch would. The host syncs once per chunk; a chunk's
+tokens all carry the policy version of its dispatch (weights change only
+between dispatches).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import numpy as np
 
 from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
 from jaxcorr.rollout.types import FinishReason, RolloutBatch
+
+_MIN_ROWS = 8  # the smallest batch `_shrink` makes
 
 
 def check_requests(
@@ -64,16 +71,21 @@ class _Request:
     self.versions: list[int] = []
     self.finish = FinishReason.LENGTH
 
-  def add(self, token, logp, logp_t, version, stop, limit) -> bool:
-    """Append one sampled token; True when the request is finished."""
-    self.tokens.append(int(token))
-    self.logp.append(float(logp))
-    self.logp_truncated.append(float(logp_t))
-    self.versions.append(version)
-    if int(token) in stop:
-      self.finish = FinishReason.STOP
-      return True
-    return len(self.tokens) >= limit
+  def add(self, tokens, logp, logp_t, version) -> None:
+    """Append sampled tokens (host arrays of one length)."""
+    self.tokens.extend(np.asarray(tokens).tolist())
+    self.logp.extend(np.asarray(logp).tolist())
+    self.logp_truncated.extend(np.asarray(logp_t).tolist())
+    self.versions.extend([version] * len(tokens))
+
+
+def _request_keys(seed: int, first_prompt: int, prompts: int, samples: int):
+  """[prompts * samples, 2] uint32 on the host: row i * samples + s is
+  fold_in(fold_in(PRNGKey(seed), first_prompt + i), s)."""
+  fold = jax.vmap(jax.random.fold_in, in_axes=(None, 0))
+  groups = fold(jax.random.PRNGKey(seed), first_prompt + np.arange(prompts))
+  keys = jax.vmap(fold, in_axes=(0, None))(groups, np.arange(samples))
+  return np.asarray(keys).reshape(prompts * samples, 2)
 
 
 def generate(
@@ -102,57 +114,111 @@ def generate(
     raise ValueError(f'num_samples must be >= 1, got {num_samples}')
   sp = SamplingParams(temperature, top_k, top_p, min_p)
   stop = frozenset(int(t) for t in stop_token_ids)
-  root = jax.random.PRNGKey(seed)
+  stop_arr = engine.stop_array(stop)
+  keys = _request_keys(seed, first_prompt, len(prompts), num_samples)
   queue = collections.deque(
     _Request(i * num_samples + s, i, s)
     for i in range(len(prompts))
     for s in range(num_samples)
   )
+  n = engine.max_concurrent_decodes
+  chunk = engine.decode_chunk_steps
   done: list[_Request] = []
-  slots: list[_Request | None] = [None] * engine.max_concurrent_decodes
+  slots: list[_Request | None] = [None] * n
   state = engine.init_decode_state()
-  while queue or any(slots):
-    for slot in range(len(slots)):
-      while slots[slot] is None and queue:
-        req = queue.popleft()
-        padded, n = engine.pad_prompt(prompts[req.group])
-        key = jax.random.fold_in(
-          jax.random.fold_in(root, first_prompt + req.group), req.sample
-        )
-        prefix = engine.prefill(
-          params=engine.params,
-          padded_tokens=padded,
-          true_length=n,
-          sampling_params=sp,
-          key=key,
-        )
-        first = jax.device_get(
-          (prefix.token, prefix.logp, prefix.logp_truncated)
-        )
-        if req.add(*first, engine.policy_version, stop, max_new_tokens):
-          done.append(req)  # finished on its first token: slot stays free
-        else:
-          state = engine.insert(prefix, state, slot)
-          slots[slot] = req
-    if not any(slots):
-      continue
-    state, result = engine.generate(engine.params, state)
-    result = result.convert_to_numpy()
-    logp, logp_t = result.logprobs()
-    tokens = result.data[:, result.tokens_idx[0]]
+  while queue or any(r is not None for r in slots):
+    free = [i for i, r in enumerate(slots) if r is None]
+    admitted, first = [], None
+    if free and queue:
+      reqs = [queue.popleft() for _ in range(min(len(free), len(queue)))]
+      admitted = list(zip(free, reqs))
+      state, first = _admit(
+        engine, state, prompts, admitted, keys, sp, max_new_tokens, stop_arr
+      )
+      for slot, req in admitted:
+        slots[slot] = req
+    if not queue:
+      state, slots = _shrink(engine, state, slots)
+    if queue:  # stop once 1/8 of the slots are free, to refill them
+      exit_active = n - max(1, n // 8)
+    elif len(slots) // 2 >= _MIN_ROWS:  # stop at half, to shrink the batch
+      exit_active = len(slots) // 2
+    else:
+      exit_active = 0
+    version = engine.policy_version
+    reach = _reach(slots, prompts, max_new_tokens, chunk)
+    state, out = engine.decode_chunk(
+      state,
+      stop_arr,
+      exit_active=exit_active,
+      attend_len=engine.attend_bucket(reach),
+    )
+    out, first = jax.device_get((out, first))  # the one sync per chunk
+    for m, (_, req) in enumerate(admitted):
+      sl = slice(m, m + 1)
+      req.add(
+        first.token[sl], first.logp[sl], first.logp_truncated[sl], version
+      )
     for slot, req in enumerate(slots):
-      if req is not None and req.add(
-        tokens[slot],
-        logp[slot],
-        logp_t[slot],
-        engine.policy_version,
-        stop,
-        max_new_tokens,
-      ):
+      if req is None:
+        continue
+      k = out.counts[slot]
+      req.add(
+        out.tokens[slot, :k], out.logp[slot, :k],
+        out.logp_truncated[slot, :k], version,
+      )  # fmt: skip
+      if not out.active[slot]:
+        if req.tokens[-1] in stop:
+          req.finish = FinishReason.STOP
         done.append(req)
         slots[slot] = None
   done.sort(key=lambda r: r.row)
   return _to_batch(engine, prompts, done, max_new_tokens, sp)
+
+
+def _admit(engine, state, prompts, admitted, keys, sp, limit, stop_arr):
+  """Prefill the prompts of the `admitted` (slot, request) pairs once each
+  and insert every request into its slot."""
+  groups = list(dict.fromkeys(req.group for _, req in admitted))
+  where = {g: i for i, g in enumerate(groups)}
+  prefix = engine.prefill_batch(
+    engine.params,
+    [prompts[g] for g in groups],
+    [where[req.group] for _, req in admitted],
+    keys[[req.row for _, req in admitted]],
+    sp,
+  )
+  state = engine.insert_batch(
+    prefix,
+    state,
+    [slot for slot, _ in admitted],
+    [limit] * len(admitted),
+    stop_arr,
+  )
+  return state, prefix
+
+
+def _shrink(engine, state, slots):
+  """Once no request waits, move the live rows into a batch of the next
+  power of two (>= _MIN_ROWS) when that halves it at least: a decode step
+  costs about its row count, and late in a batch most rows are done."""
+  live = [i for i, r in enumerate(slots) if r is not None]
+  size = max(_MIN_ROWS, 1 << max(len(live) - 1, 0).bit_length())
+  if size > len(slots) // 2:
+    return state, slots
+  free = [i for i, r in enumerate(slots) if r is None]
+  rows = live + free[: size - len(live)]
+  return engine.compact(state, rows), [slots[i] for i in rows]
+
+
+def _reach(slots, prompts, limit, chunk) -> int:
+  """Cache slots a live row may touch in the next chunk: prompt + tokens
+  so far (the newest has no cache entry yet) + up to `chunk` more."""
+  return max(
+    len(prompts[r.group]) + min(limit, max(len(r.tokens), 1) + chunk) - 1
+    for r in slots
+    if r is not None
+  )
 
 
 def _to_batch(engine, prompts, done, t, sp) -> RolloutBatch:

@@ -1,20 +1,29 @@
 """`PolicyEngine`: the jaxcorr `Transformer` behind JetStream's `Engine` API,
 with the contract's per-token log-probs (`docs/math/rollout_contract.md`).
 
-    prefill(prompt padded to a bucket) -> Prefix (KV cache [L,1,Pb,K,Dh],
-                                                  first token + log-probs)
-    insert(prefix, state, slot)        -> the slot's cache row, sampling
-                                          params and RNG key replaced
-    generate(params, state)            -> one token for every slot: forward,
-                                          sample (`jaxcorr.sampling`),
-                                          log-probs, cache write
+JetStream's API, one request or one step at a time:
 
-Per-slot positions: the decode state holds one single-row `KVCache` per
-slot (leading slot axis) and the model's own cached forward is `vmap`ped
-over slots, so each slot keeps its own write index (= its position) while
-the transformer math stays in `jaxcorr.model`. Prompts are right-padded
-inside their bucket; after prefill the padding slots are marked empty and
-the write index set to the true length, so decoding overwrites them.
+    prefill(prompt padded to a bucket) -> Prefix (KV cache L x [1,K,Pb,Dh],
+                                                  first token + log-probs)
+    insert(prefix, state, slot)        -> the slot's cache rows, sampling
+                                          params and RNG key replaced
+    generate(params, state)            -> one token for every slot
+
+and the batched, device-resident path `driver.generate` uses:
+
+    prefill_batch(prompts, requests)   -> one forward per prompt, a first
+                                          token per request (samples of a
+                                          prompt share its prefill)
+    insert_batch(prefix, state, slots) -> all requests in one scatter
+    decode_chunk(state, stop_ids)      -> up to `decode_chunk` steps in one
+                                          dispatch (`rollout.decode`)
+
+Per-slot positions: the decode state holds one cache array per layer with
+a slot axis ([N, K, T, Dh]) and a write index per slot, and the model's
+own cached forward (`Transformer.hidden_states`) takes that per-row index,
+so the transformer math stays in `jaxcorr.model` and each step writes its
+keys/values in place. Prompts are right-padded inside their bucket; the
+write index starts at the true length, so decoding overwrites the padding.
 
 RNG: token t of a request is drawn with fold_in(request_key, t), so a
 request's tokens do not depend on its slot or its neighbours.
@@ -27,6 +36,7 @@ data array, so one host copy still carries everything.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -35,9 +45,10 @@ import numpy as np
 from flax import nnx
 from jetstream.engine import engine_api, tokenizer_pb2
 
-from jaxcorr import sampling
-from jaxcorr.model import KVCache, Transformer
+from jaxcorr.model import Transformer
+from jaxcorr.rollout import decode
 from jaxcorr.rollout.state import (
+  Chunk,
   DecodeState,
   LogProbResultTokens,
   Prefix,
@@ -50,12 +61,26 @@ from jaxcorr.sharding import param_shardings
 _MIN_BUCKET = 16
 
 __all__ = [
+  'Chunk',
   'DecodeState',
   'LogProbResultTokens',
   'PolicyEngine',
   'Prefix',
   'SamplingParams',
 ]
+
+
+def _pow2_buckets(lo: int, hi: int) -> list[int]:
+  """lo, 2 lo, 4 lo, ... below hi, then hi (a logarithmic number)."""
+  out, b = [], lo
+  while b < hi:
+    out.append(b)
+    b *= 2
+  return [*out, hi]
+
+
+def _bucket(buckets: Sequence[int], n: int) -> int:
+  return next(b for b in buckets if b >= n)
 
 
 class PolicyEngine(engine_api.Engine):
@@ -73,6 +98,11 @@ class PolicyEngine(engine_api.Engine):
     tokenizer: a JetStream tokenizer (default: `IdTokenizer`).
     default_sampling: settings for requests that bring none (the JetStream
       server's); each such request gets the next key of `seed`.
+    decode_chunk: most decode steps per dispatch of `decode_chunk` (the
+      host reads results and refills slots between dispatches).
+    min_attend_bucket: smallest attention bucket; decode attends over the
+      first 16, 32, ... (powers of two times it) cache slots, whichever
+      covers the longest live row, up to max_target_length.
   """
 
   def __init__(
@@ -87,11 +117,18 @@ class PolicyEngine(engine_api.Engine):
     tokenizer: Any = None,
     default_sampling: SamplingParams | None = None,
     seed: int = 0,
+    decode_chunk: int = 32,
+    min_attend_bucket: int = 32,
   ):
     if max_prefill_length > max_target_length:
       raise ValueError(
         f'max_prefill_length={max_prefill_length} exceeds '
         f'max_target_length={max_target_length}'
+      )
+    if decode_chunk < 1 or min_attend_bucket < 1:
+      raise ValueError(
+        f'decode_chunk={decode_chunk} and min_attend_bucket='
+        f'{min_attend_bucket} must be >= 1'
       )
     cfg = model.config
     if dtype is not None:
@@ -100,6 +137,7 @@ class PolicyEngine(engine_api.Engine):
     self._n = max_concurrent_decodes
     self._max_prefill = max_prefill_length
     self._max_target = max_target_length
+    self.decode_chunk_steps = decode_chunk
     self._mesh = mesh
     self._tokenizer = tokenizer or IdTokenizer(cfg.vocab_size)
     self.default_sampling = default_sampling or SamplingParams()
@@ -110,14 +148,22 @@ class PolicyEngine(engine_api.Engine):
     self._shardings = (
       None if mesh is None else param_shardings(abstract_state, mesh)
     )
-    b, self.buckets = _MIN_BUCKET, []
-    while b < max_prefill_length:
-      self.buckets.append(b)
-      b *= 2
-    self.buckets.append(max_prefill_length)
-    self._prefill_jit = jax.jit(self._prefill_fn)
-    self._insert_jit = jax.jit(self._insert_fn, donate_argnums=(1,))
-    self._generate_jit = jax.jit(self._generate_fn, donate_argnums=(1,))
+    self.buckets = _pow2_buckets(_MIN_BUCKET, max_prefill_length)
+    self.attend_buckets = _pow2_buckets(
+      min(min_attend_bucket, max_target_length), max_target_length
+    )
+    g = self._graphdef
+    self._prefill_jit = jax.jit(functools.partial(decode.prefill, g))
+    self._insert_jit = jax.jit(decode.insert, donate_argnums=(1,))
+    self._generate_jit = jax.jit(
+      functools.partial(self._generate_fn, g), donate_argnums=(1,)
+    )
+    self._compact_jit = jax.jit(_take_rows)
+    self._chunk_jit = jax.jit(
+      functools.partial(decode.decode_chunk, g),
+      donate_argnums=(1,),
+      static_argnames=('num_steps', 'attend_len'),
+    )
     self.params = self.load_params(model)
     self.policy_version = 0
 
@@ -153,11 +199,25 @@ class PolicyEngine(engine_api.Engine):
     )
 
   def compile_count(self) -> int:
-    """Compiled variants of prefill/insert/generate so far."""
+    """Compiled variants of the engine's jitted functions so far."""
     return sum(
       f._cache_size()
-      for f in (self._prefill_jit, self._insert_jit, self._generate_jit)
+      for f in (
+        self._prefill_jit,
+        self._insert_jit,
+        self._generate_jit,
+        self._chunk_jit,
+        self._compact_jit,
+      )
     )
+
+  def _replicate(self, *xs):
+    """Inputs made on the default device, replicated over the engine mesh
+    (jit refuses arguments committed to different device sets)."""
+    if self._mesh is None:
+      return xs
+    rep = jax.sharding.NamedSharding(self._mesh, jax.sharding.PartitionSpec())
+    return jax.device_put(xs, rep)
 
   # ------------------------------------------------------------- prefill
 
@@ -168,7 +228,7 @@ class PolicyEngine(engine_api.Engine):
         f'prompt length {length} must be in [1, max_prefill_length='
         f'{self._max_prefill}]'
       )
-    return next(b for b in self.buckets if b >= length)
+    return _bucket(self.buckets, length)
 
   def pad_prompt(self, prompt: Any) -> tuple[jax.Array, int]:
     """Token ids -> (right-padded [bucket] int32, true length)."""
@@ -208,56 +268,53 @@ class PolicyEngine(engine_api.Engine):
       params,
       *self._replicate(
         jnp.asarray(padded_tokens, jnp.int32).reshape(1, pb),
-        jnp.asarray(true_length, jnp.int32),
-        jnp.asarray(key, jnp.uint32),
-        pack_sampling(sp),
+        jnp.asarray([true_length], jnp.int32),
+        jnp.zeros((1,), jnp.int32),
+        jnp.asarray(key, jnp.uint32).reshape(1, 2),
+        pack_sampling(sp)[None],
       ),
     )
 
-  def _replicate(self, *xs):
-    """Inputs made on the default device, replicated over the engine mesh
-    (jit refuses arguments committed to different device sets)."""
-    if self._mesh is None:
-      return xs
-    rep = jax.sharding.NamedSharding(self._mesh, jax.sharding.PartitionSpec())
-    return jax.device_put(xs, rep)
-
-  def _prefill_fn(self, params, tokens, true_length, key, sp):
-    model = nnx.merge(self._graphdef, params)
-    pb = tokens.shape[1]
-    cache = model.init_cache(1, pb)
-    hidden, cache = model.hidden_states(tokens, cache=cache)
-    # Right padding: the padding slots become empty and the next write
-    # (the first decoded token) goes to the true length.
-    filled = jnp.arange(pb, dtype=jnp.int32)[None] < true_length
-    cache = cache.replace(
-      segment_ids=filled.astype(jnp.int32), index=true_length
+  def prefill_batch(
+    self,
+    params: nnx.State,
+    prompts: Sequence[Sequence[int]],
+    source: Sequence[int],
+    keys: jax.Array,
+    sampling_params: SamplingParams,
+  ) -> Prefix:
+    """One forward over `prompts` (R token lists, checked by the caller),
+    then a first token for each of M requests: request m draws from prompt
+    `source[m]` with `keys[m]`. Prompts pad to the longest one's bucket and
+    R to a power of two, M to N: one compilation per (bucket, R bucket).
+    """
+    r, m, n = len(prompts), len(source), self._n
+    if not 0 < m <= n:
+      raise ValueError(f'{m} requests: must be in [1, {n}] (the slots)')
+    pb = self.bucket(max(len(p) for p in prompts))
+    rb = _bucket(_pow2_buckets(1, n), r)
+    tokens = np.zeros((rb, pb), np.int32)
+    lengths = np.ones((rb,), np.int32)
+    for i, p in enumerate(prompts):
+      tokens[i, : len(p)] = p
+      lengths[i] = len(p)
+    src = np.zeros((n,), np.int32)
+    src[:m] = source
+    keys = jnp.concatenate(
+      [jnp.asarray(keys, jnp.uint32), jnp.zeros((n - m, 2), jnp.uint32)]
     )
-    last = jax.lax.dynamic_index_in_dim(hidden, true_length - 1, axis=1)
-    logits = model.logits(last)[:, 0]
-    tok, lp, lpt = _sample(jax.random.fold_in(key, 0)[None], logits, sp[None])
-    return Prefix(cache, tok[0], lp[0], lpt[0], key, sp)
+    sp = jnp.tile(pack_sampling(sampling_params), (n, 1))
+    return self._prefill_jit(
+      params, *self._replicate(tokens, lengths, src, keys, sp)
+    )
 
   # -------------------------------------------------------------- insert
 
   def init_decode_state(self, *args, **kwargs) -> DecodeState:
     """Empty slots: zero caches of max_target_length tokens each."""
     del args, kwargs
-    n = self._n
-    shape = (n, self.config.num_layers, 1, self._max_target)
-    shape += (self.config.num_kv_heads, self.config.head_dim)
-    cache = KVCache(
-      k=jnp.zeros(shape, self.config.dtype),
-      v=jnp.zeros(shape, self.config.dtype),
-      segment_ids=jnp.zeros((n, 1, self._max_target), jnp.int32),
-      index=jnp.zeros((n,), jnp.int32),
-    )
-    state = DecodeState(
-      cache=cache,
-      tokens=jnp.zeros((n,), jnp.int32),
-      steps=jnp.zeros((n,), jnp.int32),
-      keys=jnp.zeros((n, 2), jnp.uint32),
-      sampling=jnp.tile(pack_sampling(SamplingParams()), (n, 1)),
+    state = decode.init_state(
+      self.config, self._n, self._max_target, pack_sampling(SamplingParams())
     )
     return self._replicate(state)[0]
 
@@ -267,27 +324,49 @@ class PolicyEngine(engine_api.Engine):
     """Place `prefix` in `slot` (a traced index: one compile per bucket)."""
     if not 0 <= slot < self._n:
       raise ValueError(f'slot {slot} not in [0, {self._n})')
-    return self._insert_jit(prefix, decode_state, jnp.asarray(slot, jnp.int32))
+    # JetStream's orchestrator counts tokens itself: no limit, no stops.
+    return self._insert_jit(
+      prefix,
+      decode_state,
+      *self._replicate(
+        jnp.asarray([slot], jnp.int32),
+        jnp.asarray([self._max_target], jnp.int32),
+        self.stop_array(()),
+      ),
+    )
 
-  def _insert_fn(self, prefix, state, slot):
-    pad = self._max_target - prefix.cache.k.shape[2]
-    kv_pad = ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0))
-    row = KVCache(
-      k=jnp.pad(prefix.cache.k, kv_pad).astype(state.cache.k.dtype),
-      v=jnp.pad(prefix.cache.v, kv_pad).astype(state.cache.v.dtype),
-      segment_ids=jnp.pad(prefix.cache.segment_ids, ((0, 0), (0, pad))),
-      index=prefix.cache.index,
+  def insert_batch(
+    self,
+    prefix: Prefix,
+    decode_state: DecodeState,
+    slots: Sequence[int],
+    limits: Sequence[int],
+    stop_ids: jax.Array,
+  ) -> DecodeState:
+    """Requests of a `prefill_batch` prefix into `slots` (one per request);
+    limits: each request's token budget; stop_ids from `stop_array`."""
+    n, m = self._n, len(slots)
+    if any(not 0 <= s < n for s in slots):
+      raise ValueError(f'slots {list(slots)} not all in [0, {n})')
+    pad_slots = np.full((n,), n, np.int32)  # slot n: dropped
+    pad_slots[:m] = slots
+    pad_limits = np.zeros((n,), np.int32)
+    pad_limits[:m] = limits
+    return self._insert_jit(
+      prefix,
+      decode_state,
+      *self._replicate(pad_slots, pad_limits, stop_ids),
     )
-    put = functools.partial(
-      jax.lax.dynamic_update_index_in_dim, index=slot, axis=0
-    )
-    return DecodeState(
-      cache=jax.tree.map(lambda s, r: put(s, r), state.cache, row),
-      tokens=put(state.tokens, prefix.token),
-      steps=put(state.steps, jnp.ones((), jnp.int32)),
-      keys=put(state.keys, prefix.key),
-      sampling=put(state.sampling, prefix.sampling),
-    )
+
+  @staticmethod
+  def stop_array(stop_ids: Sequence[int]) -> jax.Array:
+    """Stop token ids padded with -1 to a power of two (>= 4): few shapes,
+    few compilations."""
+    ids = sorted(set(int(t) for t in stop_ids))
+    size = _bucket(_pow2_buckets(4, max(4, len(ids))), max(1, len(ids)))
+    out = np.full((size,), -1, np.int32)
+    out[: len(ids)] = ids
+    return jnp.asarray(out)
 
   # ------------------------------------------------------------ generate
 
@@ -297,24 +376,15 @@ class PolicyEngine(engine_api.Engine):
     """One token for every slot (empty slots compute garbage, ignored)."""
     return self._generate_jit(params, decode_state)
 
-  def _generate_fn(self, params, state):
-    model = nnx.merge(self._graphdef, params)
-
-    def one_slot(token, cache):
-      # The model's cached forward on a one-row cache: positions and the
-      # write slot come from this slot's own index.
-      return model.hidden_states(token.reshape(1, 1), cache=cache)
-
-    hidden, cache = jax.vmap(one_slot)(state.tokens, state.cache)
-    logits = model.logits(hidden[:, 0])[:, 0]  # [N, V] float32
-    keys = jax.vmap(jax.random.fold_in)(state.keys, state.steps)
-    tok, lp, lpt = _sample(keys, logits, state.sampling)
-    steps = state.steps + 1
-    state = DecodeState(cache, tok, steps, state.keys, state.sampling)
+  @staticmethod
+  def _generate_fn(graphdef, params, state):
+    advance = jnp.ones_like(state.active)
+    state, tok, lp, lpt = decode.step(graphdef, params, state, advance)
     n = tok.shape[0]
     bits = jax.lax.bitcast_convert_type(jnp.stack([lp, lpt], 1), jnp.int32)
     data = jnp.concatenate(
-      [tok[:, None], jnp.ones((n, 1), jnp.int32), steps[:, None], bits], 1
+      [tok[:, None], jnp.ones((n, 1), jnp.int32), state.steps[:, None], bits],
+      1,
     )
     result = LogProbResultTokens(
       data=data,
@@ -324,6 +394,51 @@ class PolicyEngine(engine_api.Engine):
       samples_per_slot=1,
     )
     return state, result
+
+  def compact(
+    self, decode_state: DecodeState, rows: Sequence[int]
+  ) -> DecodeState:
+    """A decode state of len(rows) slots: slot i is old slot rows[i]. The
+    driver shrinks the batch this way once the queue is empty and half
+    the slots are done (one compilation per pair of sizes; `decode_chunk`
+    takes any slot count). JetStream's `insert`/`generate` keep using
+    full-size states."""
+    n = decode_state.tokens.shape[0]
+    if not rows or any(not 0 <= r < n for r in rows):
+      raise ValueError(f'rows {list(rows)} must be non-empty, in [0, {n})')
+    return self._compact_jit(
+      decode_state, *self._replicate(jnp.asarray(rows, jnp.int32))
+    )
+
+  def attend_bucket(self, longest: int) -> int:
+    """The attention bucket covering cache slots [0, longest)."""
+    if not 0 < longest <= self._max_target:
+      raise ValueError(
+        f'length {longest} not in [1, max_target_length={self._max_target}]'
+      )
+    return _bucket(self.attend_buckets, longest)
+
+  def decode_chunk(
+    self,
+    decode_state: DecodeState,
+    stop_ids: jax.Array,
+    *,
+    exit_active: int = 0,
+    attend_len: int | None = None,
+    params: nnx.State | None = None,
+  ) -> tuple[DecodeState, Chunk]:
+    """Up to `decode_chunk` steps of every active slot in one dispatch
+    (`rollout.decode.decode_chunk`); leaves early once at most
+    `exit_active` slots are active. `attend_len` must cover every live
+    row's last position in the chunk (`attend_bucket`; None: the whole
+    cache)."""
+    return self._chunk_jit(
+      self.params if params is None else params,
+      decode_state,
+      *self._replicate(stop_ids, jnp.asarray(exit_active, jnp.int32)),
+      num_steps=self.decode_chunk_steps,
+      attend_len=attend_len or self._max_target,
+    )
 
   # ----------------------------------------------- tokenizer, properties
 
@@ -362,8 +477,5 @@ class PolicyEngine(engine_api.Engine):
     return None
 
 
-def _sample(keys, logits, sp):
-  """keys [N, 2], logits [N, V], sp [N, 4] -> token, logp, logp_trunc [N]."""
-  return sampling.sample(
-    keys, logits, sp[:, 0], sp[:, 1].astype(jnp.int32), sp[:, 2], sp[:, 3]
-  )
+def _take_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
+  return jax.tree.map(lambda x: x[rows], state)

@@ -33,25 +33,36 @@ class SamplingParams:
 
 @flax.struct.dataclass
 class Prefix:
-  """A prefilled request: cache [L, 1, Pb, K, Dh], its first sampled token
-  and that token's log-probs (scalars), its RNG key and sampling params."""
+  """Prefilled prompts and the first token of each request drawn from them.
+
+  R prompts share one padded length Pb; M requests each point at their
+  prompt (`source`), so the G samples of a prompt share one prefill. The
+  JetStream `prefill` makes R = M = 1.
+
+  cache: KVCache, k/v L x [R, K, Pb, Dh], segment_ids None, index [R] the
+  true prompt lengths; the request arrays below are [M].
+  """
 
   cache: KVCache
-  token: jax.Array
-  logp: jax.Array
-  logp_truncated: jax.Array
-  key: jax.Array  # uint32 [2]
-  sampling: jax.Array  # float32 [4]: temperature, top_k, top_p, min_p
+  source: jax.Array  # int32 [M]: prompt row of each request
+  token: jax.Array  # int32 [M]: first sampled token
+  logp: jax.Array  # float32 [M]
+  logp_truncated: jax.Array  # float32 [M]
+  key: jax.Array  # uint32 [M, 2]
+  sampling: jax.Array  # float32 [M, 4]: temperature, top_k, top_p, min_p
 
 
 @flax.struct.dataclass
 class DecodeState:
   """Every slot's state; N = max_concurrent_decodes.
 
-  cache: KVCache with a leading slot axis (k/v [N, L, 1, T, K, Dh],
-  segment_ids [N, 1, T], index [N] = each slot's next position);
-  tokens [N] the last sampled token (the next step's input); steps [N]
-  tokens sampled so far; keys [N, 2]; sampling [N, 4] as in `Prefix`.
+  cache: KVCache, k/v L x [N, K, T, Dh] (one array per layer, updated in
+  place), segment_ids None, index [N] = each slot's next position; tokens
+  [N] the last sampled token (the next step's input); steps [N] tokens
+  sampled so far; keys [N, 2]; sampling [N, 4] as in `Prefix`; limit [N]
+  the most tokens a request may have; active [N] False once a slot's
+  request met a stop token or its limit (and for empty slots): the
+  multi-step decode neither advances nor reports it.
   """
 
   cache: KVCache
@@ -59,6 +70,23 @@ class DecodeState:
   steps: jax.Array
   keys: jax.Array
   sampling: jax.Array
+  limit: jax.Array
+  active: jax.Array
+
+
+@flax.struct.dataclass
+class Chunk:
+  """What one multi-step decode dispatch hands back to the host; C =
+  decode_chunk. Slot n produced `counts[n]` tokens, in columns [0,
+  counts[n]) (a slot stops producing once inactive, and never resumes
+  inside a chunk)."""
+
+  tokens: jax.Array  # int32 [N, C]
+  logp: jax.Array  # float32 [N, C]
+  logp_truncated: jax.Array  # float32 [N, C]
+  counts: jax.Array  # int32 [N]
+  active: jax.Array  # bool [N], after the chunk
+  steps: jax.Array  # int32 []: decode steps run
 
 
 @flax.struct.dataclass

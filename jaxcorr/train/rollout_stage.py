@@ -72,6 +72,7 @@ def make_engine(run: RunConfig, policy: Any, mesh: Any) -> PolicyEngine:
   return PolicyEngine(
     policy,
     max_concurrent_decodes=r.max_concurrent_decodes,
+    decode_chunk=r.decode_chunk,
     max_prefill_length=r.max_prompt_length,
     max_target_length=r.max_prompt_length + r.max_new_tokens,
     mesh=mesh,

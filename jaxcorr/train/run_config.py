@@ -196,6 +196,12 @@ class RolloutConfig:
     'sampling distribution).',
   )
   max_concurrent_decodes: int = setting(64, _POS, 'Engine decode slots.')
+  decode_chunk: int = setting(
+    32,
+    _POS,
+    'Engine decode steps per device dispatch: the host reads tokens and '
+    'refills freed slots between dispatches (docs/rollout.md).',
+  )
   engine_dtype: str = setting(
     'float32',
     one_of(*DTYPES),
