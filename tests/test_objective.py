@@ -1379,6 +1379,23 @@ def test_objective_checks_combinations_at_trace_time():
     obj.actor_objective(obj.ActorLossConfig(), pg, logp=lp, **d)
 
 
+def test_compatibility_is_checked_once_per_config_pair():
+  """A valid (actor, correction) pair is checked when first seen; every later
+  trace with it is a cache hit, not a re-check."""
+  d = _errors_data()
+  lp = d.pop('logp')
+  actor = obj.ActorLossConfig(clip_ratio_low=0.123)  # a pair not seen yet
+  loss = jax.jit(
+    lambda x, arrays: obj.actor_objective(actor, None, logp=x, **arrays)[0]
+  )
+  before = obj.check_compatible.cache_info()
+  for n in (2, 3):  # two traces: different batch sizes
+    loss(lp[:n], {k: v[:n] for k, v in d.items()})
+  after = obj.check_compatible.cache_info()
+  assert after.misses == before.misses + 1
+  assert after.hits >= before.hits + 1
+
+
 # ----------------------------------------------------- ActorLossConfig
 
 
