@@ -26,6 +26,9 @@ rollout_is  −sg(c)·A·logp, c = ρ_μ inside an open band      token_mean
 prime       −keep·τ_A·A·ρ_μ + τ_KL·(logp − rollout_logp)²   token_mean
 ==========  ==============================================  ===============
 
+`cispo_rollout`, `dppo_mu_tv`, `dppo_mu_kl`, `m2po` and `topr` (stale and
+μ-anchored data) are defined with their formulas in `policy_stale`.
+
 The formulas live in `policy_ppo` (ratio/clip family) and `policy_pg`
 (REINFORCE family); this module holds the tables, the knob checks and the
 dispatcher that checks, promotes, sanitises and stop-gradients the inputs.
@@ -39,7 +42,7 @@ from collections.abc import Callable, Mapping
 
 import jax
 
-from jaxcorr.losses import masked, policy_pg, policy_ppo
+from jaxcorr.losses import masked, policy_pg, policy_ppo, policy_stale
 from jaxcorr.losses.aggregate import aggregate, canonical_mode
 from jaxcorr.losses.policy_base import LossFn, LossInputs, Metrics
 
@@ -59,6 +62,11 @@ LOSSES: dict[str, LossFn] = {
   'reinforce': policy_pg.reinforce,
   'rollout_is': policy_pg.rollout_is,
   'prime': policy_pg.prime,
+  'cispo_rollout': policy_stale.entry_cispo_rollout,
+  'dppo_mu_tv': policy_stale.entry_dppo_mu_tv,
+  'dppo_mu_kl': policy_stale.entry_dppo_mu_kl,
+  'm2po': policy_stale.entry_m2po,
+  'topr': policy_stale.entry_topr,
 }
 """name -> per-loss function `(LossInputs, knobs) -> (ℓ [B, T], metrics)`."""
 
@@ -79,6 +87,11 @@ NATURAL_AGG: dict[str, str] = {
   'reinforce': _TM,
   'rollout_is': _TM,
   'prime': _TM,
+  'cispo_rollout': _TM,
+  'dppo_mu_tv': _TM,
+  'dppo_mu_kl': _TM,
+  'm2po': _TM,
+  'topr': _SM,
 }
 """The aggregation used when `agg=None` (an explicit agg always wins, D9)."""
 
@@ -87,6 +100,9 @@ READS: dict[str, str | None] = {
   'gpg': None,
   'rollout_is': 'rollout',
   'prime': 'rollout',
+  'cispo_rollout': 'rollout',
+  'dppo_mu_tv': 'rollout',
+  'dppo_mu_kl': 'rollout',
 }
 """The second log-prob a loss reads: 'old', 'rollout' or None (gpg).
 
@@ -99,6 +115,9 @@ USES_IS_WEIGHTS: dict[str, bool] = {
   **{name: True for name in LOSSES},
   'rollout_is': False,
   'prime': False,
+  'cispo_rollout': False,
+  'dppo_mu_tv': False,
+  'dppo_mu_kl': False,
 }
 """False where the loss already divides by μ: passing weights is an error."""
 
@@ -123,6 +142,11 @@ KNOB_DEFAULTS: dict[str, object] = {
   'prime_mask_high': 0.2,
   'prime_adv_tau': 1.0,
   'prime_kl_tau': 1e-3,
+  'm2_budget': 0.04,
+  'm2po_miniclip_low': None,
+  'm2po_miniclip_high': None,
+  'topr_negative_ratio_lower': 0.0,
+  'topr_negative_ratio_upper': 1.0,
 }
 """Every knob of §4.4 with its default (verl's, prime-rl's for `prime_*`)."""
 
@@ -160,6 +184,11 @@ _RULES: dict[str, _Rule] = {
   'prime_mask_high': _GT0,
   'prime_adv_tau': _ANY,
   'prime_kl_tau': _GE0,
+  'm2_budget': _GE0,
+  'm2po_miniclip_low': (_GE0[0], True, 'a number >= 0, or None'),
+  'm2po_miniclip_high': (_GE0[0], True, 'a number >= 0, or None'),
+  'topr_negative_ratio_lower': _GE0,
+  'topr_negative_ratio_upper': _GT0,
 }
 
 # Spellings of other frameworks (§4.4) -> the jaxcorr knob(s) to use.
