@@ -7,8 +7,9 @@ bypass mode). With `r = log π_train − log μ` (so `ρ = exp(r)`):
 * **IS** (`is_level`): token `exp(r̂_t)`, sequence `exp(clip(S_i, ±20))` or
   geometric `exp(clip(G_i, ±20))` weights, bounded by truncate / clip / mask,
   optionally renormalised to mean 1;
-* **RS** (`rs`): k1/k2/k3 statistics at token or sequence level, each with a
-  keep band, combined with AND;
+* **RS** (`rs`): k1/k2/k3 statistics and KPop's Bernoulli KL `bkl`
+  (`correction_reject`) at token or sequence level, each with a keep band,
+  combined with AND;
 * **veto**: a row with any token `ρ < τ_lo` (or `ρ > τ_hi`) is dropped;
 * rows with a non-finite log-prob at a valid token are dropped and counted;
 * diagnostics under `rollout_corr/`, with a key set fixed by the config.
@@ -25,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxcorr.losses import correction_metrics as cm
+from jaxcorr.losses import correction_reject
 from jaxcorr.losses import masked as mk
 from jaxcorr.losses.correction_config import (  # noqa: F401 (re-exported)
   BYPASS_LOSSES,
@@ -203,21 +205,28 @@ def statistic_bounds(
 
 
 def rejection(
-  r: jax.Array, m: jax.Array, n: jax.Array, cfg: CorrectionConfig
+  r: jax.Array,
+  m: jax.Array,
+  n: jax.Array,
+  cfg: CorrectionConfig,
+  bkl: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """AND of every RS criterion: `(keep_rs [B, T], metrics)`.
 
-  k2/k3 keep `stat ≤ up`; k1 keeps `−log(up) ≤ stat ≤ −log(lo)`. An empty
-  row has statistic 0 and is kept (harmless: it has no valid token).
+  k2/k3/bkl keep `stat ≤ up`; k1 keeps `−log(up) ≤ stat ≤ −log(lo)`. An
+  empty row has statistic 0 and is kept (harmless: it has no valid token).
 
   Args:
     r: `[B, T]` unclamped log-ratio (0 outside `m`).
     m: bool `[B, T]` statistics mask; n: `[B]` row lengths on `m`.
     cfg: the config (`rs`, `rs_bounds`).
+    bkl: `[B, T]` KPop statistic, required by the `*_bkl` criteria.
   """
   keep_rs = jnp.ones(r.shape, bool)
   metrics: dict[str, jax.Array] = {}
   ks = kl_statistics(r)
+  if bkl is not None:
+    ks['bkl'] = bkl
   for criterion, bounds in zip(cfg.rs, cfg.rs_bounds):
     k1 = criterion.endswith('_k1')
     k = ks[criterion.rsplit('_', 1)[1]]
@@ -362,7 +371,10 @@ def rollout_correction(
       metrics['rollout_is_batch_norm_factor'] = factor
 
   if cfg.rs:
-    keep_rs, rs_metrics = rejection(r, m, n, cfg)
+    bkl = None
+    if any(c.endswith('_bkl') for c in cfg.rs):
+      bkl = correction_reject.kpop_statistic(train, rollout, m)
+    keep_rs, rs_metrics = rejection(r, m, n, cfg, bkl)
     keep = keep & keep_rs
     metrics.update(rs_metrics)
   for tau, high in ((cfg.veto_low, False), (cfg.veto_high, True)):
