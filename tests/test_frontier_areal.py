@@ -27,6 +27,8 @@ pre-rejection token count; replayed with `num_tokens`).
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,7 +48,7 @@ def unpack(flat, cu):
   """Packed `[N]` + `cu_seqlens` → `[B, T]` (zero / False padding)."""
   lens = np.diff(cu)
   out = np.zeros((len(lens), max(int(lens.max()), 1)), flat.dtype)
-  for i, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
+  for i, (a, b) in enumerate(itertools.pairwise(cu)):
     out[i, : b - a] = flat[a:b]
   return out
 
@@ -54,7 +56,7 @@ def unpack(flat, cu):
 def repack(x, cu):
   x = np.asarray(x)
   return np.concatenate(
-    [x[i, : b - a] for i, (a, b) in enumerate(zip(cu[:-1], cu[1:]))]
+    [x[i, : b - a] for i, (a, b) in enumerate(itertools.pairwise(cu))]
   )
 
 
@@ -128,7 +130,7 @@ def test_rejection(case):
   gs = gd.load(FW)
   kw = gs.kwargs(case)
   rs_cfg = kw['config']
-  out, keep, w, mask, cu = run_correction(kw, rs_cfg)
+  _, keep, w, mask, cu = run_correction(kw, rs_cfg)
   want = gs.outputs(case)
   got_mask, got_w = keep, w
   if cu is not None:
@@ -170,9 +172,9 @@ def test_binary_kl(case):
   np.testing.assert_allclose(got[same], 0, atol=1e-7)
 
 
-def test_d23_areal_config_refuses_kpop_jaxcorr_accepts_it():
+@pytest.mark.parametrize('case', gd.case_params(FW, prefix='config/'))
+def test_d23_areal_config_refuses_kpop_jaxcorr_accepts_it(case):
   gs = gd.load(FW)
-  case = gs.case('config/binary_kl_rejected')
   assert gs.error(case)['type'] == 'ValueError'
   cfg = CorrectionConfig(rs='token_bkl', rs_bounds=case['kwargs']['upper'])
   assert cfg.rs == ('token_bkl',) and cfg.rs_bounds == ((None, 2.0),)
