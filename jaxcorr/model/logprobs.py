@@ -189,3 +189,72 @@ def naive_token_logprobs(
   if not return_entropy:
     return logp
   return logp, -jnp.sum(entropy_terms(jnp.exp(logp_all), logp_all), axis=-1)
+
+
+# ------------------------------------------------------ sampling-mask replay
+
+
+def replay_logprobs(
+  logits: jax.Array,
+  targets: jax.Array,
+  kept_ids: jax.Array,
+  kept_count: jax.Array,
+  *,
+  temperature: float | jax.Array = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+  """Log-probs renormalised over the engine's kept set (`logprob_mode='replay'`).
+
+  With z = logits / τ and K' = {the first `kept_count` entries of
+  `kept_ids` that lie in [0, V)} ∪ {y} (duplicates counted once; the
+  sampled token is always in, as slime force-keeps it):
+
+      logp[t]      = z[t, y_t] − logsumexp{z[t, v] : v ∈ K'_t}
+      log_mass[t]  = logsumexp_{K'_t} z − logsumexp_V z   (log Z_t ≤ 0)
+
+  so `logp_full = logp + log_mass`. The gradient w.r.t. the logits is
+  `(onehot(y) − softmax of z over K') / τ`, exactly 0 outside K'; the
+  membership itself carries none. Cost O(C) per token on top of the
+  vocabulary logsumexp: no `[..., V]` mask is built.
+
+  Args:
+    logits: `[..., V]` trainer logits (raw, before temperature).
+    targets: `[...]` int sampled tokens y.
+    kept_ids: `[..., C]` int kept ids (`rollout.kept_set.KeptSet.ids`).
+    kept_count: `[...]` int number of leading entries that count.
+    temperature: τ, scalar or broadcastable to `[...]`.
+
+  Returns:
+    `(logp, log_mass)`, both `[...]` float32.
+  """
+  v = logits.shape[-1]
+  if kept_ids.shape[:-1] != targets.shape or kept_count.shape != targets.shape:
+    raise ValueError(
+      f'kept_ids {kept_ids.shape} / kept_count {kept_count.shape} must match '
+      f'targets {targets.shape} (+ a trailing C for kept_ids)'
+    )
+  if logits.shape[:-1] != targets.shape:
+    raise ValueError(
+      f'logits {logits.shape} must be targets {targets.shape} + [V]'
+    )
+  temp = jnp.asarray(temperature, jnp.float32)
+  z = logits.astype(jnp.float32) / temp[..., None]
+  y = targets.astype(jnp.int32)
+  z_y = jnp.take_along_axis(z, y[..., None], axis=-1)[..., 0]
+  lse_all = jax.nn.logsumexp(z, axis=-1)
+  # Sorted ids make duplicates adjacent; invalid entries sort first as -1.
+  c = kept_ids.shape[-1]
+  ids = kept_ids.astype(jnp.int32)
+  live = jnp.arange(c) < kept_count[..., None]
+  live &= (ids >= 0) & (ids < v) & (ids != y[..., None])
+  ids = jnp.sort(jnp.where(live, ids, -1), axis=-1)
+  first = jnp.concatenate(
+    [jnp.ones((*ids.shape[:-1], 1), bool), ids[..., 1:] != ids[..., :-1]],
+    axis=-1,
+  )
+  live = (ids >= 0) & first
+  z_k = jnp.take_along_axis(z, jnp.clip(ids, 0, v - 1), axis=-1)
+  lse_k = jax.nn.logsumexp(
+    jnp.concatenate([jnp.where(live, z_k, -jnp.inf), z_y[..., None]], -1),
+    axis=-1,
+  )
+  return z_y - lse_k, lse_k - lse_all
