@@ -300,6 +300,9 @@ def rollout_correction(
   rollout_logp: jax.Array,
   mask: jax.Array,
   cfg: CorrectionConfig,
+  *,
+  version_gap: jax.Array | None = None,
+  gap_buckets: int = 4,
 ) -> Correction:
   """IS weights, rejection mask and diagnostics for one batch (spec §4).
 
@@ -309,6 +312,10 @@ def rollout_correction(
     rollout_logp: float `[B, T]` log μ from the rollout engine.
     mask: bool `[B, T]` response mask (`m0`).
     cfg: static `CorrectionConfig`.
+    version_gap: optional int `[B, T]` trainer version minus the token's
+      policy version; adds `correction_metrics.version_gap_metrics`
+      (`gap<g>/...`, static key set) to the diagnostics.
+    gap_buckets: static number of gap buckets (the last one is open).
 
   Returns:
     `Correction(weights, mask, metrics)`, all under `stop_gradient`.
@@ -340,6 +347,9 @@ def rollout_correction(
   seq_log_ratio = _row_sum_pairwise(r, m)  # S_i, unclamped
 
   metrics = cm.offpolicy_metrics(train, rollout, r, seq_log_ratio, m, n)
+  if version_gap is not None:
+    mk.check_shapes({'version_gap': version_gap, 'mask': mask})
+    metrics.update(cm.version_gap_metrics(r, m, version_gap, gap_buckets))
   keep = jnp.ones(m.shape, bool)
 
   weights = None
