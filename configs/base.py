@@ -93,7 +93,8 @@ def actor_section() -> ml_collections.ConfigDict:
   a = ml_collections.ConfigDict()
   # Policy loss (losses.md §4.2): vanilla, gspo, gspo_seq, sapo, gpg, cispo,
   # clip_cov, kl_cov, geo_mean, dro, dppo_tv, dppo_kl, reinforce, rollout_is,
-  # prime.
+  # prime; stale / μ-anchored data (losses/policy_stale.py): cispo_rollout,
+  # dppo_mu_tv, dppo_mu_kl, m2po, topr.
   a.policy_loss = 'vanilla'
   # Aggregation: token_mean, token_sum, seq_mean_token_sum,
   # seq_mean_token_mean, seq_mean_token_sum_norm (or verl's hyphenated form);
@@ -142,6 +143,14 @@ def actor_section() -> ml_collections.ConfigDict:
   a.prime_adv_tau = 1.0
   # prime: coefficient τ_KL >= 0 of (log π_θ − log μ)².
   a.prime_kl_tau = 1e-3
+  # m2po: budget (>= 0) on the mean squared log-ratio of harmful tokens.
+  a.m2_budget = 0.04
+  # m2po: the ratio bounds are at least [1 − low, 1 + high]; None: no floor.
+  a.m2po_miniclip_low = config_dict.placeholder(float)
+  a.m2po_miniclip_high = config_dict.placeholder(float)
+  # topr: clip range of the taper weight of negative-advantage rows.
+  a.topr_negative_ratio_lower = 0.0
+  a.topr_negative_ratio_upper = 1.0
   # Entropy bonus: loss −= entropy_coeff · H (needs the entropy array).
   a.entropy_coeff = 0.0
   # Reference-KL estimator: k1 (kl), abs, k2 (mse), k3 (low_var_kl), or any

@@ -111,6 +111,11 @@ class ActorLossConfig:
   prime_mask_high: float = 0.2
   prime_adv_tau: float = 1.0
   prime_kl_tau: float = 1e-3
+  m2_budget: float = 0.04
+  m2po_miniclip_low: float | None = None
+  m2po_miniclip_high: float | None = None
+  topr_negative_ratio_lower: float = 0.0
+  topr_negative_ratio_upper: float = 1.0
   # Auxiliary terms.
   entropy_coeff: float = 0.0
   kl_loss_type: str = 'low_var_kl'

@@ -28,6 +28,8 @@ from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxcorr.losses import masked
 from jaxcorr.losses.policy_base import LossInputs, Metrics
@@ -231,6 +233,11 @@ def m2po_bounds(
   n = masked.count(harmful, dtype)
   m2 = masked.masked_mean(d2, harmful)
   flat = jnp.where(harmful, d2, jnp.inf).reshape(-1)
+  sharding = jax.typeof(flat).sharding
+  if any(axis is not None for axis in sharding.spec):
+    # Explicitly sharded rows: the sort needs the whole batch on every
+    # device (the selection is batch-global by definition).
+    flat = jax.sharding.reshard(flat, NamedSharding(sharding.mesh, P()))
   flat = jnp.sort(flat)
   target = jnp.asarray(m2_budget, dtype) * n
   if m2_budget <= 1e-12:
