@@ -145,11 +145,13 @@ def actor_section() -> ml_collections.ConfigDict:
   a.prime_kl_tau = 1e-3
   # m2po: budget (>= 0) on the mean squared log-ratio of harmful tokens.
   a.m2_budget = 0.04
-  # m2po: the ratio bounds are at least [1 − low, 1 + high]; None: no floor.
+  # m2po: the lower ratio bound is at most 1 − low (>= 0); None: no floor.
   a.m2po_miniclip_low = config_dict.placeholder(float)
+  # m2po: the upper ratio bound is at least 1 + high (>= 0); None: no floor.
   a.m2po_miniclip_high = config_dict.placeholder(float)
-  # topr: clip range of the taper weight of negative-advantage rows.
+  # topr: lower clip (>= 0) of the taper weight of negative-advantage rows.
   a.topr_negative_ratio_lower = 0.0
+  # topr: upper clip (> 0) of the taper weight of negative-advantage rows.
   a.topr_negative_ratio_upper = 1.0
   # Entropy bonus: loss −= entropy_coeff · H (needs the entropy array).
   a.entropy_coeff = 0.0
