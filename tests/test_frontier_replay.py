@@ -216,6 +216,30 @@ def test_engine_kept_set_matches_slime_selection():
     np.testing.assert_array_equal(ks.kept_mask(kept, v), want, err_msg=cid)
 
 
+def test_d30_top_p_after_top_k_renormalises():
+  """With top-k and top-p both on, jaxcorr's sampler (and so its kept set)
+  applies top-p to the renormalised top-k survivors (sampling.py); the
+  SGLang patch accumulates the full-vocabulary probabilities. jaxcorr's set
+  is then a subset of SGLang's, equal when top-k binds first."""
+  gs = gd.load(FW)
+  for cid, equal in (
+    ('e2e/kp/k20_p0.9/V256_t0.7', False),
+    ('e2e/kp/k5_p0.95/V512_t1.0', True),
+  ):
+    kw = gs.kwargs(gs.case(cid))
+    rows, _, _ = layout(kw)
+    es = kw['engine_sampling']
+    v = kw['logits'].shape[-1]
+    kept = ks.kept_set(
+      jnp.asarray(kw['engine_logits'][rows]), capacity=v,
+      temperature=es['temperature'], top_k=es['top_k'], top_p=es['top_p'],
+    )  # fmt: skip
+    got = np.asarray(ks.kept_mask(kept, v))
+    want = gs.outputs(gs.case(cid))['keep_mask'][rows]
+    assert not (got & ~want).any(), cid
+    assert np.array_equal(got, want) == equal, cid
+
+
 # ------------------------------------------------------ the replay contract
 
 
@@ -366,3 +390,20 @@ def test_chunked_replay_from_hidden_matches_logits_path():
   np.testing.assert_allclose(ga, gb, rtol=1e-4, atol=1e-5)
   with pytest.raises(ValueError, match='kept_count'):
     lp_lib.logprobs_from_hidden(hidden, head, y, kept_ids=kept.ids)
+
+
+def test_rollout_batch_in_replay_mode_needs_kept_sets():
+  """validate.py rule 9: a 'replay' batch without kept sets is refused,
+  naming the field; an unknown logprob_mode is refused with the allowed
+  values."""
+  import dataclasses
+
+  from test_rollout_validate import CFG, good_batch
+
+  replay_cfg = dataclasses.replace(CFG, logprob_mode='replay')
+  with pytest.raises(ValueError, match='kept_ids: missing'):
+    validate.validate_rollout_batch(good_batch(), replay_cfg)
+  with pytest.raises(ValueError, match="'full', 'truncated', 'replay'"):
+    validate.validate_rollout_batch(
+      good_batch(), dataclasses.replace(CFG, logprob_mode='processed')
+    )
