@@ -129,9 +129,9 @@ def test_replay_matches_slime(case):
     logp = jnp.where(jnp.asarray(has), logp, logp + log_mass)
     return jnp.sum(logp), (logp, log_mass)
 
-  (_, (logp, log_mass)), grad = jax.value_and_grad(total, has_aux=True)(
-    jnp.asarray(logits)
-  )
+  (_, (logp, log_mass)), grad = jax.jit(
+    jax.value_and_grad(total, has_aux=True)
+  )(jnp.asarray(logits))
   np.testing.assert_allclose(logp, want, atol=ATOL)
   np.testing.assert_allclose(
     logp + jnp.where(has, log_mass, 0), full_want, atol=ATOL

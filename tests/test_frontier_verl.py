@@ -115,3 +115,26 @@ def test_token_sum_and_mean_over_dp_shards(case):
     rtol=RTOL,
     atol=ATOL,
   )
+
+
+def test_d18_dppo_cap_is_clip_ratio_c_three_not_twenty():
+  """verl reads `config.get('clip_ratio_c', 20.0)`, but ActorConfig always
+  has the field (3.0), so the DPPO cap is 3 unless set; jaxcorr's default
+  agrees. A token with ρ = 10 and A > 0 inside the TV band is weighted by
+  3 (by 20 only when `clip_ratio_c=20` is set)."""
+  logp = jnp.log(jnp.asarray([[0.1, 0.5]]))
+  old = logp - jnp.log(10.0)  # ρ = 10 on both tokens
+  adv = jnp.asarray([[1.0, 1.0]])
+  mask = jnp.asarray([[True, False]])
+
+  def grad(**knobs):
+    return jax.grad(
+      lambda lp: policy.policy_loss(
+        'dppo_tv', lp, old, adv, mask, agg='token_sum',
+        dppo_delta_high=1.0, **knobs,
+      )[0]
+    )(logp)[0, 0]  # fmt: skip
+
+  np.testing.assert_allclose(grad(), -3.0, rtol=1e-6)
+  np.testing.assert_allclose(grad(clip_ratio_c=20.0), -10.0, rtol=1e-6)
+  np.testing.assert_allclose(grad(dppo_ratio_cap=20.0), -10.0, rtol=1e-6)
