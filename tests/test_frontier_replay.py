@@ -315,10 +315,10 @@ def test_replay_gradient_ignores_membership_and_jit_matches_eager(nucleus):
   def f(lg):
     return jnp.sum(lp_lib.replay_logprobs(lg, y, kept.ids, kept.count)[0])
 
-  g = jax.grad(f)(logits)
+  g = jax.jit(jax.grad(f))(logits)
   member = ks.kept_mask(kept, 512) | jax.nn.one_hot(y, 512, dtype=bool)
   assert float(jnp.max(jnp.abs(jnp.where(member, 0, g)))) == 0.0
-  np.testing.assert_allclose(jax.jit(f)(logits), f(logits), rtol=1e-6)
+  np.testing.assert_allclose(jax.jit(f)(logits), f(logits), rtol=1e-6)  # eager
 
 
 def test_validation_rules(nucleus):
@@ -383,8 +383,8 @@ def test_chunked_replay_from_hidden_matches_logits_path():
     )
     return jnp.sum(logp), (logp, mass)
 
-  (_, (a, ma)), ga = jax.value_and_grad(chunked, has_aux=True)(hidden)
-  (_, (b_, mb)), gb = jax.value_and_grad(direct, has_aux=True)(hidden)
+  (_, (a, ma)), ga = jax.jit(jax.value_and_grad(chunked, has_aux=True))(hidden)
+  (_, (b_, mb)), gb = jax.jit(jax.value_and_grad(direct, has_aux=True))(hidden)
   np.testing.assert_allclose(a, b_, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(ma, mb, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(ga, gb, rtol=1e-4, atol=1e-5)

@@ -170,21 +170,25 @@ def validate_rollout_batch(batch: RolloutBatch, cfg: ValidationConfig):
     )
   # 9. Replay: the engine's kept sets (rollout/kept_set.py).
   if cfg.logprob_mode == 'replay':
-    kept = {}
-    for name in ('kept_ids', 'kept_count', 'kept_capped'):
-      kept[name] = getattr(batch, name, None)
-      if kept[name] is None:
-        raise ValueError(
-          f"RolloutBatch.{name}: missing (rule: logprob_mode='replay' "
-          'needs the kept set of every response token from the engine)'
-        )
-    validate_kept_set(
-      **kept,
-      response_tokens=a['response_tokens'],
-      response_mask=mask,
-      vocab_size=cfg.vocab_size,
-      max_capped_fraction=cfg.max_capped_fraction,
-    )
+    _check_replay(batch, cfg, a['response_tokens'], mask)
+
+
+def _check_replay(batch, cfg, response_tokens, mask):
+  kept = {}
+  for name in ('kept_ids', 'kept_count', 'kept_capped'):
+    kept[name] = getattr(batch, name, None)
+    if kept[name] is None:
+      raise ValueError(
+        f"RolloutBatch.{name}: missing (rule: logprob_mode='replay' "
+        'needs the kept set of every response token from the engine)'
+      )
+  validate_kept_set(
+    **kept,
+    response_tokens=response_tokens,
+    response_mask=mask,
+    vocab_size=cfg.vocab_size,
+    max_capped_fraction=cfg.max_capped_fraction,
+  )
 
 
 def validate_kept_set(
