@@ -1,7 +1,7 @@
 """The documentation tells the truth: its Python snippets run, and every
 config field, preset, metric, file, test and section it names exists.
 
-Snippets are the ```python blocks of README.md and docs/*.md, in order.
+Snippets are the ```python blocks of ./README.md and docs/*.md, in order.
 One that uses names it does not define gets them from `SETUPS` (small
 arrays, a tiny model, a temporary run directory), keyed by `(file, index)`,
 and long ones are shrunk by `SHRINK`, textual replacements that must match
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DOCS = [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))]
+DOCS = [ROOT / './README.md', *sorted((ROOT / 'docs').glob('*.md'))]
 
 
 def _rel(path: pathlib.Path) -> str:
@@ -366,12 +366,12 @@ def test_numbered_section_references_resolve():
   references to the spec (files outside docs/) are not checked here."""
   bad = []
   for doc, text in _text().items():
-    for target, number in re.findall(r'(\w+)\.md §(\d+)', text):
+    for target, number in re.findall(r'(\w+)\.md \u00a7(\d+)', text):
       path = ROOT / 'docs' / f'{target}.md'
       if not path.exists():
         continue
       if not re.search(rf'^#+ {number}\.', path.read_text(), re.M):
-        bad.append((doc, f'{target}.md §{number}'))
+        bad.append((doc, f'{target}.md \u00a7{number}'))
   assert not bad
 
 
