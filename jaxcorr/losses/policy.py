@@ -36,9 +36,9 @@ and the dispatcher that checks, promotes, sanitises and stop-gradients the
 inputs.
 
 Adding a loss: its function `(LossInputs, PolicyKnobs) -> (ℓ, metrics)` in
-`policy_ppo`, `policy_pg` or `policy_stale`, one `LOSSES` entry here (natural aggregation,
-which log-prob it reads, whether it takes IS weights, required knobs), and
-each new knob as one `setting` of `PolicyKnobs`. `config.actor`,
+`policy_ppo`, `policy_pg` or `policy_stale`, one `LOSSES` entry here
+(natural aggregation, which log-prob it reads, whether it takes IS weights,
+required knobs), and each new knob as one `setting` of `PolicyKnobs`. `config.actor`,
 `ActorLossConfig`, validation and the error messages follow from those.
 """
 
@@ -129,8 +129,8 @@ LOSSES: dict[str, PolicyLoss] = {
   'topr': PolicyLoss(policy_stale.entry_topr, natural_agg=_SM),
 }
 """The registry: name -> `PolicyLoss`. Adding a loss is one entry here (its
-function in `policy_ppo`/`policy_pg`/`policy_stale`) plus any new knob as one `setting` of
-`PolicyKnobs`; configs, validation and `ActorLossConfig` follow."""
+function in `policy_ppo`/`policy_pg`/`policy_stale`) plus any new knob as
+one `setting` of `PolicyKnobs`; configs, validation and `ActorLossConfig` follow."""
 
 NATURAL_AGG: dict[str, str] = {n: e.natural_agg for n, e in LOSSES.items()}
 READS: dict[str, str | None] = {n: e.reads for n, e in LOSSES.items()}
