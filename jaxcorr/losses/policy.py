@@ -38,8 +38,9 @@ inputs.
 Adding a loss: its function `(LossInputs, PolicyKnobs) -> (ℓ, metrics)` in
 `policy_ppo`, `policy_pg` or `policy_stale`, one `LOSSES` entry here
 (natural aggregation, which log-prob it reads, whether it takes IS weights,
-required knobs), and each new knob as one `setting` of `PolicyKnobs`. `config.actor`,
-`ActorLossConfig`, validation and the error messages follow from those.
+required knobs), and each new knob as one `setting` of `PolicyKnobs`.
+`config.actor`, `ActorLossConfig`, validation and the error messages follow
+from those.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ LOSSES: dict[str, PolicyLoss] = {
 }
 """The registry: name -> `PolicyLoss`. Adding a loss is one entry here (its
 function in `policy_ppo`/`policy_pg`/`policy_stale`) plus any new knob as
-one `setting` of `PolicyKnobs`; configs, validation and `ActorLossConfig` follow."""
+one `setting` of `PolicyKnobs`; configs, validation and `ActorLossConfig`
+follow."""
 
 NATURAL_AGG: dict[str, str] = {n: e.natural_agg for n, e in LOSSES.items()}
 READS: dict[str, str | None] = {n: e.reads for n, e in LOSSES.items()}
