@@ -12,7 +12,19 @@ import pytest
 jax.config.update('jax_num_cpu_devices', 8)
 jax.config.update('jax_platforms', 'cpu')
 
-_FRAMEWORKS = ('verl', 'skyrl', 'slime', 'prime')
+_FRAMEWORKS = (
+  'verl',
+  'skyrl',
+  'slime',
+  'prime',
+  # 2026 frontier sets (tests/golden/frontier/, shared/golden/frontier/).
+  'frontier/areal',
+  'frontier/skyrl_frontier',
+  'frontier/verl_frontier',
+  'frontier/nemo_rl',
+  'frontier/slime_frontier',
+  'frontier/verl_pr',
+)
 
 
 def pytest_configure(config):
@@ -47,6 +59,6 @@ def pytest_terminal_summary(terminalreporter):
     if fw in counts:
       c = counts[fw]
       terminalreporter.write_line(
-        f'{fw:6s} {c["passed"]:4d} passed  {c["failed"]:3d} failed  '
+        f'{fw.removeprefix("frontier/"):14s} {c["passed"]:4d} passed  {c["failed"]:3d} failed  '
         f'{c["skipped"]:3d} skipped'
       )

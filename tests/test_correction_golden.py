@@ -45,6 +45,9 @@ NEW_KEYS = {
   'rejected_token_fraction',
   'rejected_seq_fraction',
   'rollout_is_seq_eff_sample_size',
+  # self-normalised χ² (>= 0), next to verl's plug-in chi2_token/chi2_seq
+  'chi2_token_sn',
+  'chi2_seq_sn',
 }
 OFFPOLICY_KEYS = {
   'training_log_ppl',

@@ -62,6 +62,12 @@ CONFIGS = {
     ),
     rs_bounds=('0.2_5.0', 50.0, 50.0, 2.0, 8.0, 8.0),
   ),
+  'kpop_rs': CC(
+    is_level='token',
+    is_mode='clip',
+    rs=('token_bkl', 'seq_sum_bkl', 'seq_mean_bkl', 'seq_max_bkl'),
+    rs_bounds=(0.5, 20.0, 1.0, 2.0),
+  ),
   'metrics_only': CC(),
 }
 SHAPES = ((1, 1), (8, 7))  # (8, 7) also serves the 8-device sharding test

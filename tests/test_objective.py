@@ -1447,7 +1447,9 @@ def test_check_compatible_rules():
     check(a(policy_loss='reinforce'), cc(mode='bypass'))
   with pytest.raises(ValueError, match=r'allowed: reinforce$'):
     check(a(policy_loss='gpg'), cc(mode='bypass', bypass_loss='reinforce'))
-  for name in ('rollout_is', 'prime'):
+  mu_anchored = [n for n, uses in pol.USES_IS_WEIGHTS.items() if not uses]
+  assert {'rollout_is', 'prime'} <= set(mu_anchored)
+  for name in mu_anchored:
     with pytest.raises(ValueError, match=r"is_level='token'.*is_level=None"):
       check(a(policy_loss=name), cc(is_level='token'))
     check(a(policy_loss=name), cc(mode='bypass'))
@@ -1459,7 +1461,7 @@ def test_check_compatible_rules():
     check(a(policy_loss='rollout_is'), None, rollout_logp_available=False)
   check(a(), None, rollout_logp_available=False)
   for name in pol.LOSSES:  # decoupled takes any loss
-    if name not in ('rollout_is', 'prime', 'dro'):
+    if name not in (*mu_anchored, 'dro'):
       check(a(policy_loss=name), cc(is_level='token'))
   # Decision: bypass reinforce with no IS, RS or veto is plain REINFORCE.
   check(a(policy_loss='reinforce'), cc(mode='bypass', bypass_loss='reinforce'))

@@ -45,7 +45,7 @@ KNOBS = {
 # Losses whose selection uses statistics of the whole batch (means of A and
 # logp, a top-k or a random draw over all tokens): a micro-batch is a
 # different batch for them.
-BATCH_COUPLED = ('clip_cov', 'kl_cov')
+BATCH_COUPLED = ('clip_cov', 'kl_cov', 'm2po')  # m2po: one τ per call
 
 
 class Batch(NamedTuple):
@@ -138,22 +138,19 @@ def test_tables_cover_the_registry():
   assert set(policy.LOSSES) == {
     'vanilla', 'gspo', 'gspo_seq', 'sapo', 'gpg', 'cispo', 'clip_cov',
     'kl_cov', 'geo_mean', 'dro', 'dppo_tv', 'dppo_kl', 'reinforce',
-    'rollout_is', 'prime',
+    'rollout_is', 'prime', 'cispo_rollout', 'dppo_mu_tv', 'dppo_mu_kl',
+    'm2po', 'topr',
   }  # fmt: skip
   for table in (policy.NATURAL_AGG, policy.READS, policy.USES_IS_WEIGHTS):
     assert set(table) == set(policy.LOSSES)
   for name, mode in policy.NATURAL_AGG.items():
     assert agg_lib.canonical_mode(mode) == mode, name
   assert policy.READS['gpg'] is None
-  assert {n for n, r in policy.READS.items() if r == 'rollout'} == {
-    'rollout_is',
-    'prime',
-  }
-  assert {n for n, u in policy.USES_IS_WEIGHTS.items() if not u} == {
-    'rollout_is',
-    'prime',
-  }
-  assert len(dataclasses.fields(policy.PolicyKnobs)) == 20
+  mu_anchored = {'rollout_is', 'prime', 'cispo_rollout', 'dppo_mu_tv'}
+  mu_anchored |= {'dppo_mu_kl'}
+  assert {n for n, r in policy.READS.items() if r == 'rollout'} == mu_anchored
+  assert {n for n, u in policy.USES_IS_WEIGHTS.items() if not u} == mu_anchored
+  assert len(dataclasses.fields(policy.PolicyKnobs)) == 25
   assert policy.check_knobs({}) == policy.DEFAULT_KNOBS  # defaults valid
 
 

@@ -7,8 +7,9 @@ bypass mode). With `r = log π_train − log μ` (so `ρ = exp(r)`):
 * **IS** (`is_level`): token `exp(r̂_t)`, sequence `exp(clip(S_i, ±20))` or
   geometric `exp(clip(G_i, ±20))` weights, bounded by truncate / clip / mask,
   optionally renormalised to mean 1;
-* **RS** (`rs`): k1/k2/k3 statistics at token or sequence level, each with a
-  keep band, combined with AND;
+* **RS** (`rs`): k1/k2/k3 statistics and KPop's Bernoulli KL `bkl`
+  (`correction_reject`) at token or sequence level, each with a keep band,
+  combined with AND;
 * **veto**: a row with any token `ρ < τ_lo` (or `ρ > τ_hi`) is dropped;
 * rows with a non-finite log-prob at a valid token are dropped and counted;
 * diagnostics under `rollout_corr/`, with a key set fixed by the config.
@@ -25,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxcorr.losses import correction_metrics as cm
+from jaxcorr.losses import correction_reject
 from jaxcorr.losses import masked as mk
 from jaxcorr.losses.correction_config import (  # noqa: F401 (re-exported)
   BYPASS_LOSSES,
@@ -204,21 +206,28 @@ def statistic_bounds(
 
 
 def rejection(
-  r: jax.Array, m: jax.Array, n: jax.Array, cfg: CorrectionConfig
+  r: jax.Array,
+  m: jax.Array,
+  n: jax.Array,
+  cfg: CorrectionConfig,
+  bkl: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """AND of every RS criterion: `(keep_rs [B, T], metrics)`.
 
-  k2/k3 keep `stat ≤ up`; k1 keeps `−log(up) ≤ stat ≤ −log(lo)`. An empty
-  row has statistic 0 and is kept (harmless: it has no valid token).
+  k2/k3/bkl keep `stat ≤ up`; k1 keeps `−log(up) ≤ stat ≤ −log(lo)`. An
+  empty row has statistic 0 and is kept (harmless: it has no valid token).
 
   Args:
     r: `[B, T]` unclamped log-ratio (0 outside `m`).
     m: bool `[B, T]` statistics mask; n: `[B]` row lengths on `m`.
     cfg: the config (`rs`, `rs_bounds`).
+    bkl: `[B, T]` KPop statistic, required by the `*_bkl` criteria.
   """
   keep_rs = jnp.ones(r.shape, bool)
   metrics: dict[str, jax.Array] = {}
   ks = kl_statistics(r)
+  if bkl is not None:
+    ks['bkl'] = bkl
   for criterion, bounds in zip(cfg.rs, cfg.rs_bounds):
     k1 = criterion.endswith('_k1')
     k = ks[criterion.rsplit('_', 1)[1]]
@@ -292,6 +301,9 @@ def rollout_correction(
   rollout_logp: jax.Array,
   mask: jax.Array,
   cfg: CorrectionConfig,
+  *,
+  version_gap: jax.Array | None = None,
+  gap_buckets: int = 4,
 ) -> Correction:
   """IS weights, rejection mask and diagnostics for one batch
   (docs/math/correction.md §4).
@@ -302,6 +314,10 @@ def rollout_correction(
     rollout_logp: float `[B, T]` log μ from the rollout engine.
     mask: bool `[B, T]` response mask (`m0`).
     cfg: static `CorrectionConfig`.
+    version_gap: optional int `[B, T]` trainer version minus the token's
+      policy version; adds `correction_metrics.version_gap_metrics`
+      (`gap<g>/...`, static key set) to the diagnostics.
+    gap_buckets: static number of gap buckets (the last one is open).
 
   Returns:
     `Correction(weights, mask, metrics)`, all under `stop_gradient`.
@@ -334,6 +350,9 @@ def rollout_correction(
   seq_log_ratio = _row_sum_pairwise(r, m)  # S_i, unclamped
 
   metrics = cm.offpolicy_metrics(train, rollout, r, seq_log_ratio, m, n)
+  if version_gap is not None:
+    mk.check_shapes({'version_gap': version_gap, 'mask': mask})
+    metrics.update(cm.version_gap_metrics(r, m, version_gap, gap_buckets))
   keep = jnp.ones(m.shape, bool)
 
   weights = None
@@ -365,7 +384,10 @@ def rollout_correction(
       metrics['rollout_is_batch_norm_factor'] = factor
 
   if cfg.rs:
-    keep_rs, rs_metrics = rejection(r, m, n, cfg)
+    bkl = None
+    if any(c.endswith('_bkl') for c in cfg.rs):
+      bkl = correction_reject.kpop_statistic(train, rollout, m)
+    keep_rs, rs_metrics = rejection(r, m, n, cfg, bkl)
     keep = keep & keep_rs
     metrics.update(rs_metrics)
   for tau, high in ((cfg.veto_low, False), (cfg.veto_high, True)):

@@ -41,6 +41,11 @@ RS_CRITERIA = (
   'seq_mean_k3',
   'seq_max_k2',
   'seq_max_k3',
+  # KPop (AReaL): max of the two Bernoulli KLs, correction_reject.py.
+  'token_bkl',
+  'seq_sum_bkl',
+  'seq_mean_bkl',
+  'seq_max_bkl',
 )
 LEGACY_RS_NAMES = {
   'token': 'token_k1',

@@ -65,6 +65,64 @@ def _pooled_std(
   return jnp.where(total > 1, std, jnp.zeros((), x.dtype))
 
 
+def chi2_self_normalised(log_w: jax.Array, m: jax.Array) -> jax.Array:
+  """χ² of the self-normalised weights, `mean((w − w̄)²) / w̄²` over `m`.
+
+  The plug-in `mean(w²) − 1` assumes `mean(w) = 1`; on a finite batch (or
+  under truncation) it does not hold and the plug-in goes negative (verl
+  #7242 logs chi2_seq = −0.88). This estimator is the variance of
+  `w / w̄`: ≥ 0 exactly (a sum of squares), 0 iff every weight is equal,
+  and invariant to a common factor, so the weights are taken as
+  `exp(log_w − max log_w)` and cannot overflow. 0 on an empty set.
+
+  Args:
+    log_w: log-weights (`r` per token, or `S_i` per row), any shape.
+    m: bool mask of the same shape.
+  """
+  top = jnp.max(jnp.where(m, log_w, -jnp.inf))
+  top = jnp.where(jnp.isfinite(top), top, 0)
+  w = jnp.where(m, jnp.exp(jnp.where(m, log_w, top) - top), 0)
+  total = mk.count(m, w.dtype)
+  mean = mk.safe_div(jnp.sum(w), total)
+  var = mk.safe_div(jnp.sum(jnp.where(m, jnp.square(w - mean), 0)), total)
+  return mk.safe_div(var, jnp.square(mean))
+
+
+def version_gap_metrics(
+  r: jax.Array, m: jax.Array, gap: jax.Array, buckets: int
+) -> Metrics:
+  """The mismatch metrics split by policy-version gap (async training).
+
+  With `gap = trainer_version − policy_version` per token, bucket g < G−1
+  holds the tokens with gap g and bucket G−1 those with gap ≥ G−1. Per
+  bucket: `gap<g>/token_fraction` (of the valid tokens), `gap<g>/kl =
+  mmean(−r)`, `gap<g>/k3_kl = mmean(exp(r̂) − r̂ − 1)` and
+  `gap<g>/chi2_token_sn` (`chi2_self_normalised`), each 0 for an empty
+  bucket (D14). Token means: combine micro-batches weighted by the bucket's
+  token count.
+
+  Args:
+    r: `[B, T]` log-ratio; m: bool `[B, T]` statistics mask.
+    gap: int `[B, T]` version gap (negative gaps are counted in bucket 0).
+    buckets: G, static, ≥ 1.
+  """
+  if not isinstance(buckets, int) or buckets < 1:
+    raise ValueError(f'buckets={buckets!r} is invalid; allowed: an int >= 1')
+  dtype = r.dtype
+  gap = jnp.clip(jnp.asarray(gap), 0, buckets - 1)
+  r_hat = jnp.clip(r, -_EXP_CAP, _EXP_CAP)
+  k3 = jnp.exp(r_hat) - r_hat - 1
+  total = mk.count(m, dtype)
+  out: Metrics = {}
+  for g in range(buckets):
+    sel = m & (gap == g)
+    out[f'gap{g}/token_fraction'] = mk.safe_div(mk.count(sel, dtype), total)
+    out[f'gap{g}/kl'] = mk.masked_mean(-r, sel)
+    out[f'gap{g}/k3_kl'] = mk.masked_mean(k3, sel)
+    out[f'gap{g}/chi2_token_sn'] = chi2_self_normalised(r, sel)
+  return out
+
+
 # ------------------------------------------------------------ off-policy
 
 
@@ -97,7 +155,9 @@ def offpolicy_metrics(
     mmean(exp(r̂) − r̂ − 1)`, the `log_ppl_diff*` family over `d_i =
     rmean(rollout) − rmean(train)`, `ppl_ratio = vmean(exp(clip(d, ±20)))`,
     `chi2_token = mmean(exp(2r̂)) − 1` and `chi2_seq = vmean(exp(2·clip(S,
-    ±20))) − 1`.
+    ±20))) − 1` (verl's plug-in estimators, which can be negative), and
+    `chi2_token_sn`, `chi2_seq_sn` (`chi2_self_normalised` of r over the
+    tokens and of S over the non-empty rows: ≥ 0 always).
   """
   valid = n > 0
   total = jnp.sum(n)
@@ -124,6 +184,8 @@ def offpolicy_metrics(
       mk.safe_div(mk.masked_sum(jnp.exp(2 * r_hat), m), total), any_token
     ),
     'chi2_seq': _minus_one(mk.rows_mean(jnp.exp(2 * s_hat), valid), any_row),
+    'chi2_token_sn': chi2_self_normalised(r, m),
+    'chi2_seq_sn': chi2_self_normalised(seq_log_ratio, valid),
   }
 
 

@@ -26,6 +26,9 @@ rollout_is  −sg(c)·A·logp, c = ρ_μ inside an open band      token_mean
 prime       −keep·τ_A·A·ρ_μ + τ_KL·(logp − rollout_logp)²   token_mean
 ==========  ==============================================  ===============
 
+`cispo_rollout`, `dppo_mu_tv`, `dppo_mu_kl`, `m2po` and `topr` (stale and
+μ-anchored data) are defined with their formulas in `policy_stale`.
+
 The formulas live in `policy_ppo` (ratio/clip family) and `policy_pg`
 (REINFORCE family), the knobs in `policy_base.PolicyKnobs`; this module holds
 the registry (one `PolicyLoss` entry per loss), the knob checks of a mapping
@@ -33,10 +36,11 @@ and the dispatcher that checks, promotes, sanitises and stop-gradients the
 inputs.
 
 Adding a loss: its function `(LossInputs, PolicyKnobs) -> (ℓ, metrics)` in
-`policy_ppo` or `policy_pg`, one `LOSSES` entry here (natural aggregation,
-which log-prob it reads, whether it takes IS weights, required knobs), and
-each new knob as one `setting` of `PolicyKnobs`. `config.actor`,
-`ActorLossConfig`, validation and the error messages follow from those.
+`policy_ppo`, `policy_pg` or `policy_stale`, one `LOSSES` entry here
+(natural aggregation, which log-prob it reads, whether it takes IS weights,
+required knobs), and each new knob as one `setting` of `PolicyKnobs`.
+`config.actor`, `ActorLossConfig`, validation and the error messages follow
+from those.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from collections.abc import Mapping
 
 import jax
 
-from jaxcorr.losses import masked, policy_pg, policy_ppo
+from jaxcorr.losses import masked, policy_pg, policy_ppo, policy_stale
 from jaxcorr.losses.aggregate import aggregate, canonical_mode
 from jaxcorr.losses.policy_base import (
   KNOB_FIELDS,
@@ -112,10 +116,23 @@ LOSSES: dict[str, PolicyLoss] = {
     policy_pg.rollout_is, reads='rollout', uses_is_weights=False
   ),
   'prime': PolicyLoss(policy_pg.prime, reads='rollout', uses_is_weights=False),
+  # Stale and μ-anchored data (policy_stale).
+  'cispo_rollout': PolicyLoss(
+    policy_stale.entry_cispo_rollout, reads='rollout', uses_is_weights=False
+  ),
+  'dppo_mu_tv': PolicyLoss(
+    policy_stale.entry_dppo_mu_tv, reads='rollout', uses_is_weights=False
+  ),
+  'dppo_mu_kl': PolicyLoss(
+    policy_stale.entry_dppo_mu_kl, reads='rollout', uses_is_weights=False
+  ),
+  'm2po': PolicyLoss(policy_stale.entry_m2po),
+  'topr': PolicyLoss(policy_stale.entry_topr, natural_agg=_SM),
 }
 """The registry: name -> `PolicyLoss`. Adding a loss is one entry here (its
-function in `policy_ppo`/`policy_pg`) plus any new knob as one `setting` of
-`PolicyKnobs`; configs, validation and `ActorLossConfig` follow."""
+function in `policy_ppo`/`policy_pg`/`policy_stale`) plus any new knob as
+one `setting` of `PolicyKnobs`; configs, validation and `ActorLossConfig`
+follow."""
 
 NATURAL_AGG: dict[str, str] = {n: e.natural_agg for n, e in LOSSES.items()}
 READS: dict[str, str | None] = {n: e.reads for n, e in LOSSES.items()}

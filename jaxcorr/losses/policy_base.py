@@ -157,6 +157,31 @@ class PolicyKnobs:
   prime_kl_tau: float = setting(
     1e-3, _GE0, 'prime: coefficient τ_KL >= 0 of (log π_θ − log μ)².'
   )
+  m2_budget: float = setting(
+    0.04,
+    _GE0,
+    'm2po: budget (>= 0) on the mean squared log-ratio of harmful tokens.',
+  )
+  m2po_miniclip_low: float | None = setting(
+    None,
+    optional(_GE0, 'no floor'),
+    'm2po: the lower ratio bound is at most 1 − low (>= 0); None: no floor.',
+  )
+  m2po_miniclip_high: float | None = setting(
+    None,
+    optional(_GE0, 'no floor'),
+    'm2po: the upper ratio bound is at least 1 + high (>= 0); None: no floor.',
+  )
+  topr_negative_ratio_lower: float = setting(
+    0.0,
+    _GE0,
+    'topr: lower clip (>= 0) of the taper weight of negative-advantage rows.',
+  )
+  topr_negative_ratio_upper: float = setting(
+    1.0,
+    _GT0,
+    'topr: upper clip (> 0) of the taper weight of negative-advantage rows.',
+  )
 
   def __post_init__(self):
     validate_knobs(self)
