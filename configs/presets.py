@@ -11,7 +11,8 @@ fields::
 
 Names:
 
-* the 25 presets of `PRESETS` (the first 19 carry verl's names and values);
+* the 28 presets of `PRESETS` (the first 19 carry verl's names and values;
+  the last three use the 2026 stale-data losses of `losses/policy_stale.py`);
 * `<preset>+rollout_kl`: the preset plus the rollout-KL term
   (`actor.rollout_kl_type='k2'`, `actor.rollout_kl_coef=2e-3`);
 * `rollout_kl`: `disabled+rollout_kl`;
@@ -111,6 +112,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     'actor.policy_loss': 'prime',
     'actor.agg': 'token_mean',
   },
+  # ------------------------------------- 2026 stale-data losses (issue 17)
+  # Knobs at their references' defaults (policy_base.PolicyKnobs).
+  'decoupled_m2po': {**_DEC, 'actor.policy_loss': 'm2po'},
+  'decoupled_topr': {**_DEC, 'actor.policy_loss': 'topr'},
+  'bypass_cispo_rollout': {**_PPO, 'actor.policy_loss': 'cispo_rollout'},
 }
 """Preset name -> {dotted config path: value}. Blank table cells are absent."""
 

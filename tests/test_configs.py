@@ -87,6 +87,9 @@ TABLE = {
     C(mode='bypass'),
     {'policy_loss': 'prime', 'agg': 'token_mean'},
   ),
+  'decoupled_m2po': (C(), {'policy_loss': 'm2po'}),
+  'decoupled_topr': (C(), {'policy_loss': 'topr'}),
+  'bypass_cispo_rollout': (C(mode='bypass'), {'policy_loss': 'cispo_rollout'}),
 }
 ROLLOUT_KL = {'rollout_kl_type': 'k2', 'rollout_kl_coef': 2e-3}
 
@@ -118,7 +121,7 @@ def _build(name=None, **overrides):
 
 def test_table_covers_every_preset():
   assert set(TABLE) == set(presets.PRESETS)
-  assert len(presets.PRESETS) == 25
+  assert len(presets.PRESETS) == 28
   # The first 19 carry verl's names (golden meta records verl's list).
   verl_names = gd.load('verl').meta['presets']
   assert len(verl_names) == 19

@@ -260,7 +260,18 @@ def test_metrics_named_in_the_docs_are_logged():
 
 # The docs' example of a typo that the locked config rejects.
 TYPOS_ON_PURPOSE = {'train.num_step'}
-_EXTENSIONS = {'py', 'md', 'json', 'jsonl', 'ipynb', 'sh', 'txt', 'parquet'}
+_EXTENSIONS = {
+  'py',
+  'md',
+  'json',
+  'jsonl',
+  'ipynb',
+  'sh',
+  'txt',
+  'parquet',
+  'safetensors',
+  'gguf',
+}
 _CONFIG_REF = re.compile(r'(?<![\w.])config\.([a-z_]+(?:\.[a-z_]+)+)')
 _FIELD_REF = re.compile(r'`([a-z_]+)\.([a-z_]+(?:\.[a-z_]+)*)(?:=[^`]*)?`')
 
