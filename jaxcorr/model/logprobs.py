@@ -58,8 +58,11 @@ def _chunk_stats(
   precision: jax.lax.Precision | None,
   with_entropy: bool,
   real_vocab_size: int | None = None,
-) -> tuple[jax.Array, jax.Array | None]:
-  """hidden [B, c, D], targets [B, c] -> (logp [B, c], entropy [B, c] | None)."""
+  kept: tuple[jax.Array, jax.Array] | None = None,
+) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
+  """hidden [B, c, D], targets [B, c] -> (logp, entropy | None, log_mass |
+  None), each [B, c]; with `kept` = (ids [B, c, C], count [B, c]) the
+  log-prob is renormalised over the kept set (`replay_logprobs`)."""
   logits = jnp.einsum(
     'bcd,vd->bcv',
     hidden.astype(dtype),
@@ -70,13 +73,17 @@ def _chunk_stats(
   logits = mask_padded_vocab(logits, real_vocab_size)
   logits = constrain(logits, ('batch', 'seq', 'act_vocab')) / temp
   lse = jax.nn.logsumexp(logits, axis=-1)
-  picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-  logp = picked - lse
+  log_mass = None
+  if kept is None:
+    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    logp = picked - lse
+  else:
+    logp, log_mass = replay_logprobs(logits, targets, kept[0], kept[1])
   if not with_entropy:
-    return logp, None
+    return logp, None, log_mass
   probs = jnp.exp(logits - lse[..., None])
   entropy = lse - jnp.sum(entropy_terms(probs, logits), axis=-1)
-  return logp, entropy
+  return logp, entropy, log_mass
 
 
 def logprobs_from_hidden(
@@ -90,8 +97,15 @@ def logprobs_from_hidden(
   dtype: jnp.dtype | None = None,
   precision: jax.lax.Precision | None = None,
   real_vocab_size: int | None = None,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
+  kept_ids: jax.Array | None = None,
+  kept_count: jax.Array | None = None,
+  return_kept_mass: bool = False,
+) -> jax.Array | tuple[jax.Array, ...]:
   """log softmax(hidden @ head.T / T) at `targets`, chunked over positions.
+
+  With `kept_ids` / `kept_count` (`logprob_mode='replay'`) the log-prob is
+  renormalised over the engine's kept set, chunk by chunk
+  (`replay_logprobs`; no [B, T, V] mask is built).
 
   Args:
     hidden: [B, T, D] final hidden states.
@@ -103,11 +117,21 @@ def logprobs_from_hidden(
     dtype: matmul input dtype (default: hidden's); accumulation is float32.
     precision: matmul precision (None: backend default).
     real_vocab_size: columns at or past it are padding, set to -inf.
+    kept_ids: [B, T, C] int kept ids per position (replay), or None.
+    kept_count: [B, T] int number of leading ids that count.
+    return_kept_mass: also return log Z_t [B, T] (replay only), last.
 
   Returns:
-    logp [B, T] float32, or (logp, entropy) with `return_entropy`.
+    logp [B, T] float32, or a tuple (logp, entropy if `return_entropy`,
+    log_kept_mass if `return_kept_mass`).
   """
   b, t, d = hidden.shape
+  replay = kept_ids is not None
+  if replay != (kept_count is not None) or (return_kept_mass and not replay):
+    raise ValueError(
+      'kept_ids and kept_count go together (replay); return_kept_mass needs '
+      'them'
+    )
   dtype = dtype or hidden.dtype
   temp = _temperature(temperature, b)
   c = max(1, min(chunk_size, t))
@@ -119,23 +143,42 @@ def logprobs_from_hidden(
   # axis (and its sharding) intact.
   h = h.reshape(b, n, c, d).swapaxes(0, 1)
   y = y.reshape(b, n, c).swapaxes(0, 1)
+  xs = (h, y)
+  if replay:
+    width = kept_ids.shape[-1]
+    ids = jnp.pad(kept_ids.astype(jnp.int32), ((0, 0), (0, pad), (0, 0)))
+    cnt = jnp.pad(kept_count.astype(jnp.int32), ((0, 0), (0, pad)))
+    xs = (
+      h,
+      y,
+      ids.reshape(b, n, c, width).swapaxes(0, 1),
+      cnt.reshape(b, n, c).swapaxes(0, 1),
+    )
 
   # Checkpointed: the backward pass recomputes a chunk's logits instead of
   # the scan saving all n of them (which would be the full [B, T, V] again).
   @jax.checkpoint
-  def chunk(h_c, y_c, head, temp):
+  def chunk(xs_c, head, temp):
+    kept = (xs_c[2], xs_c[3]) if replay else None
     return _chunk_stats(
-      h_c, y_c, head, temp, dtype, precision, return_entropy, real_vocab_size
-    )
+      xs_c[0], xs_c[1], head, temp, dtype, precision, return_entropy,
+      real_vocab_size, kept,
+    )  # fmt: skip
 
-  def body(carry, xs):
-    return carry, chunk(xs[0], xs[1], head, temp)
+  def body(carry, xs_c):
+    return carry, chunk(xs_c, head, temp)
 
-  _, (logp, ent) = jax.lax.scan(body, None, (h, y))
-  logp = logp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
-  if not return_entropy:
-    return logp
-  return logp, ent.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+  _, (logp, ent, log_mass) = jax.lax.scan(body, None, xs)
+
+  def unchunk(x):
+    return x.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+
+  out = [unchunk(logp)]
+  if return_entropy:
+    out.append(unchunk(ent))
+  if return_kept_mass:
+    out.append(unchunk(log_mass))
+  return out[0] if len(out) == 1 else tuple(out)
 
 
 def token_logprobs(
@@ -189,3 +232,72 @@ def naive_token_logprobs(
   if not return_entropy:
     return logp
   return logp, -jnp.sum(entropy_terms(jnp.exp(logp_all), logp_all), axis=-1)
+
+
+# ------------------------------------------------------ sampling-mask replay
+
+
+def replay_logprobs(
+  logits: jax.Array,
+  targets: jax.Array,
+  kept_ids: jax.Array,
+  kept_count: jax.Array,
+  *,
+  temperature: float | jax.Array = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+  """Log-probs renormalised over the engine's kept set (`logprob_mode='replay'`).
+
+  With z = logits / τ and K' = {the first `kept_count` entries of
+  `kept_ids` that lie in [0, V)} ∪ {y} (duplicates counted once; the
+  sampled token is always in, as slime force-keeps it):
+
+      logp[t]      = z[t, y_t] − logsumexp{z[t, v] : v ∈ K'_t}
+      log_mass[t]  = logsumexp_{K'_t} z − logsumexp_V z   (log Z_t ≤ 0)
+
+  so `logp_full = logp + log_mass`. The gradient w.r.t. the logits is
+  `(onehot(y) − softmax of z over K') / τ`, exactly 0 outside K'; the
+  membership itself carries none. Cost O(C) per token on top of the
+  vocabulary logsumexp: no `[..., V]` mask is built.
+
+  Args:
+    logits: `[..., V]` trainer logits (raw, before temperature).
+    targets: `[...]` int sampled tokens y.
+    kept_ids: `[..., C]` int kept ids (`rollout.kept_set.KeptSet.ids`).
+    kept_count: `[...]` int number of leading entries that count.
+    temperature: τ, scalar or broadcastable to `[...]`.
+
+  Returns:
+    `(logp, log_mass)`, both `[...]` float32.
+  """
+  v = logits.shape[-1]
+  if kept_ids.shape[:-1] != targets.shape or kept_count.shape != targets.shape:
+    raise ValueError(
+      f'kept_ids {kept_ids.shape} / kept_count {kept_count.shape} must match '
+      f'targets {targets.shape} (+ a trailing C for kept_ids)'
+    )
+  if logits.shape[:-1] != targets.shape:
+    raise ValueError(
+      f'logits {logits.shape} must be targets {targets.shape} + [V]'
+    )
+  temp = jnp.asarray(temperature, jnp.float32)
+  z = logits.astype(jnp.float32) / temp[..., None]
+  y = targets.astype(jnp.int32)
+  z_y = jnp.take_along_axis(z, y[..., None], axis=-1)[..., 0]
+  lse_all = jax.nn.logsumexp(z, axis=-1)
+  # Sorted ids make duplicates adjacent; invalid entries sort first as -1.
+  c = kept_ids.shape[-1]
+  ids = kept_ids.astype(jnp.int32)
+  live = jnp.arange(c) < kept_count[..., None]
+  live &= (ids >= 0) & (ids < v) & (ids != y[..., None])
+  ids = jnp.sort(jnp.where(live, ids, -1), axis=-1)
+  first = jnp.concatenate(
+    [jnp.ones((*ids.shape[:-1], 1), bool), ids[..., 1:] != ids[..., :-1]],
+    axis=-1,
+  )
+  live = (ids >= 0) & first
+  z_k = jnp.take_along_axis(z, jnp.clip(ids, 0, v - 1), axis=-1)
+  lse_k = jax.nn.logsumexp(
+    jnp.concatenate([jnp.where(live, z_k, -jnp.inf), z_y[..., None]], -1),
+    axis=-1,
+  )
+  return z_y - lse_k, lse_k - lse_all

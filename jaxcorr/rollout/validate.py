@@ -15,6 +15,7 @@ import numpy as np
 from jaxcorr.rollout.types import FinishReason, RolloutBatch
 
 _LOGP_TOL = 1e-6
+LOGPROB_MODES = ('full', 'truncated', 'replay')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +29,10 @@ class ValidationConfig:
   min_p: float = 0.0
   samples_per_prompt: int = 1
   needs_rollout_logp: bool = True
-  logprob_mode: str = 'full'  # 'full' | 'truncated'
+  logprob_mode: str = 'full'  # 'full' | 'truncated' | 'replay'
+  # 'replay': at most this fraction of valid tokens may have a kept set
+  # wider than the fixed width C (rollout/kept_set.py).
+  max_capped_fraction: float = 0.01
   allow_nonfinite_logp: bool = False
   trainer_version: int | None = None  # None: no upper bound check
 
@@ -55,7 +59,7 @@ def _check_array(batch, name, shape, kind):
     raise ValueError(
       f'RolloutBatch.{name}: shape {x.shape} dtype {x.dtype}, expected '
       f'{shape} {np.dtype(kind)} '
-      '(rule: the layout of docs/math/rollout_contract.md §4)'
+      '(rule: docs/math/rollout_contract.md §4 layout)'
     )
   return x
 
@@ -102,7 +106,12 @@ def validate_rollout_batch(batch: RolloutBatch, cfg: ValidationConfig):
   )
   # 3-5. Log-probs.
   logp = None
-  if cfg.needs_rollout_logp or cfg.logprob_mode == 'truncated':
+  if cfg.logprob_mode not in LOGPROB_MODES:
+    raise ValueError(
+      f'ValidationConfig.logprob_mode={cfg.logprob_mode!r}; allowed: '
+      + ', '.join(repr(m) for m in LOGPROB_MODES)
+    )
+  if cfg.needs_rollout_logp or cfg.logprob_mode != 'full':
     logp = _check_array(batch, 'rollout_logp', bt, np.float32)
     if not cfg.allow_nonfinite_logp:
       _fail(
@@ -161,3 +170,105 @@ def validate_rollout_batch(batch: RolloutBatch, cfg: ValidationConfig):
       (m & ((tok < 0) | (tok >= cfg.vocab_size))).any(1),
       f'token ids in [0, {cfg.vocab_size})',
     )
+  # 9. Replay: the engine's kept sets (rollout/kept_set.py).
+  if cfg.logprob_mode == 'replay':
+    _check_replay(batch, cfg, a['response_tokens'], mask)
+
+
+def _check_replay(batch, cfg, response_tokens, mask):
+  kept = {}
+  for name in ('kept_ids', 'kept_count', 'kept_capped'):
+    kept[name] = getattr(batch, name, None)
+    if kept[name] is None:
+      raise ValueError(
+        f"RolloutBatch.{name}: missing (rule: logprob_mode='replay' "
+        'needs the kept set of every response token from the engine)'
+      )
+  validate_kept_set(
+    **kept,
+    response_tokens=response_tokens,
+    response_mask=mask,
+    vocab_size=cfg.vocab_size,
+    max_capped_fraction=cfg.max_capped_fraction,
+  )
+
+
+def validate_kept_set(
+  kept_ids: np.ndarray,
+  kept_count: np.ndarray,
+  kept_capped: np.ndarray,
+  response_tokens: np.ndarray,
+  response_mask: np.ndarray,
+  vocab_size: int,
+  max_capped_fraction: float = 0.01,
+) -> None:
+  """Rules of the replay kept sets (`KeptSet`: ids `[B, T, C]` int32,
+  count `[B, T]` int32, capped `[B, T]` bool), on valid tokens:
+
+  * 1 ≤ count ≤ C (the sampled token was drawn from a non-empty set);
+  * the first `count` ids lie in [0, V) and are distinct; the rest are -1;
+  * capped ⇒ count = C;
+  * the sampled token is in its set unless the set was capped;
+  * at most `max_capped_fraction` of the valid tokens are capped.
+
+  slime drops ids outside [0, V), ignores duplicates, force-keeps a missing
+  sampled token and falls back to the full vocabulary where data is
+  missing; here each is an error (D27 in docs/correction.md).
+  """
+  mask = np.asarray(response_mask, bool)
+  b, t = mask.shape
+  ids = np.asarray(kept_ids)
+  if ids.ndim != 3 or ids.shape[:2] != (b, t) or ids.dtype != np.int32:
+    raise ValueError(
+      f'RolloutBatch.kept_ids: shape {ids.shape} dtype {ids.dtype}, expected '
+      f'({b}, {t}, C) int32 (rule: replay layout)'
+    )
+  count = _check_shape('kept_count', kept_count, (b, t), np.int32)
+  capped = _check_shape('kept_capped', kept_capped, (b, t), np.bool_)
+  c = ids.shape[2]
+  _fail(
+    'kept_count',
+    (mask & ((count < 1) | (count > c))).any(1),
+    f'1 <= kept_count <= C={c} on response_mask',
+  )
+  live = np.arange(c) < count[..., None]
+  bad = live & ((ids < 0) | (ids >= vocab_size))
+  bad |= ~live & (ids != -1)
+  _fail(
+    'kept_ids',
+    (mask[..., None] & bad).any((1, 2)),
+    f'the first kept_count ids in [0, {vocab_size}), the rest -1',
+  )
+  srt = np.sort(np.where(live, ids, -1), axis=-1)
+  dup = (srt[..., 1:] == srt[..., :-1]) & (srt[..., 1:] >= 0)
+  _fail('kept_ids', (mask[..., None] & dup).any((1, 2)), 'distinct ids')
+  _fail(
+    'kept_capped',
+    (mask & capped & (count != c)).any(1),
+    'capped only when kept_count == C',
+  )
+  tok = np.asarray(response_tokens)[..., None]
+  has_y = (live & (ids == tok)).any(-1)
+  _fail(
+    'kept_ids',
+    (mask & ~capped & ~has_y).any(1),
+    'the sampled token is in its kept set (unless capped)',
+  )
+  n = max(int(mask.sum()), 1)
+  frac = float((mask & capped).sum()) / n
+  if frac > max_capped_fraction:
+    raise ValueError(
+      f'RolloutBatch.kept_capped: {frac:.3%} of the valid tokens have a kept '
+      f'set wider than C={c}; allowed: at most max_capped_fraction='
+      f"{max_capped_fraction} (raise the engine's kept-set capacity)"
+    )
+
+
+def _check_shape(name, x, shape, kind):
+  x = np.asarray(x)
+  if x.shape != shape or x.dtype != np.dtype(kind):
+    raise ValueError(
+      f'RolloutBatch.{name}: shape {x.shape} dtype {x.dtype}, expected '
+      f'{shape} {np.dtype(kind)} (rule: replay layout)'
+    )
+  return x

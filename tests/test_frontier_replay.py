@@ -1,0 +1,409 @@
+"""Sampling-mask replay against slime (`frontier/slime_frontier`, `8f5e21519`,
+PR #2102), and the replay contract itself.
+
+slime's kept sets are ragged (`top_p_token_ids` + `top_p_token_offsets` per
+sample); `kept_set.from_ragged` turns them into jaxcorr's fixed-width
+`KeptSet` (C = the widest set of the case, so nothing is capped). The
+packed row of response token r of sample i is `offset_i + prompt_i − 1 + r`
+(slime's `response_rows`). `replay_logprobs` on those rows must give slime's
+log-probs, its gradient w.r.t. the packed logits, and, on the engine's
+logits, the engine-side renormalised log-probs.
+
+Divergences (docs/correction.md §4): D27 (slime silently drops ids outside
+[0, V), ignores duplicates, force-keeps a missing sampled token and falls
+back to the full vocabulary where offsets are short; jaxcorr's validation
+rejects each), D28 (slime replays only when top_p < 1; jaxcorr replays
+whenever `logprob_mode='replay'`, top-k and min-p truncate too).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import golden_data as gd
+from jaxcorr import sampling
+from jaxcorr.model import logprobs as lp_lib
+from jaxcorr.rollout import kept_set as ks
+from jaxcorr.rollout import validate
+
+FW = 'frontier/slime_frontier'
+ATOL = 1e-6
+
+
+def layout(kw):
+  """(rows [N], targets [N], per-sample slices) of the response tokens."""
+  rows, targets, spans, off = [], [], [], 0
+  for tok, total, resp in zip(
+    kw['unconcat_tokens'],
+    kw['total_lengths'],
+    kw['response_lengths'],
+    strict=True,
+  ):
+    prompt = total - resp
+    start = len(rows)
+    for r in range(resp):
+      rows.append(off + prompt - 1 + r)
+      targets.append(int(tok[prompt + r]))
+    spans.append(slice(start, len(rows)))
+    off += total
+  return np.asarray(rows, np.int64), np.asarray(targets, np.int32), spans
+
+
+def kept_from_slime(kw, v):
+  """slime's ragged kept sets → KeptSet arrays [N, C] + `has_data` [N].
+
+  Short offsets (`edge/short_offsets`) are a slime-only leniency (D27):
+  the tokens without data are marked and filled with a placeholder set.
+  """
+  ids_l, offs_l = kw['top_p_token_ids'], kw['top_p_token_offsets']
+  width = max([int(np.diff(o).max()) for o in offs_l if len(o) > 1] + [1])
+  ids, count, has = [], [], []
+  for i, resp in enumerate(kw['response_lengths']):
+    offs = np.asarray(offs_l[i])
+    n_data = max(len(offs) - 1, 0)
+    if n_data < resp:
+      with pytest.raises(ValueError, match='offsets'):
+        ks.from_ragged(ids_l[i], offs, resp, width)
+      pad = np.full(resp - n_data, offs[-1] if len(offs) else 0)
+      offs = np.concatenate([offs if len(offs) else [0], pad])
+    a, c, capped = ks.from_ragged(ids_l[i], offs, resp, width)
+    assert not capped.any()
+    ids.append(a)
+    count.append(c)
+    has.append(np.arange(resp) < n_data)
+  return np.concatenate(ids), np.concatenate(count), np.concatenate(has)
+
+
+def _per_sample(x, spans):
+  return [np.asarray(x)[s] for s in spans]
+
+
+def _replay_case(case):
+  gs = gd.load(FW)
+  kw = gs.kwargs(case)
+  logits = kw['logits'][0]
+  v = logits.shape[-1]
+  tau = kw['args']['rollout_temperature']
+  rows, y, spans = layout(kw)
+  out = gs.outputs(case)
+  np.testing.assert_array_equal(rows, out['response_rows'])
+  return gs, kw, logits, v, tau, rows, y, spans, out
+
+
+E2E = gd.case_params(FW, prefix='e2e/') + gd.case_params(FW, prefix='edge/')
+
+
+@pytest.mark.parametrize('case', E2E)
+def test_replay_matches_slime(case):
+  _, kw, logits, v, tau, rows, y, _, out = _replay_case(case)
+  full_want = np.concatenate(out['unmasked_log_probs'])
+  want = np.concatenate(out['log_probs'])
+  if not kw['replay_active']:
+    # D28: slime does not replay without top-p (here top-k only): its
+    # log-probs are the full ones. jaxcorr replays the engine's kept set.
+    np.testing.assert_allclose(want, full_want, atol=ATOL)
+    es = kw['engine_sampling']
+    kept = ks.kept_set(
+      jnp.asarray(kw['engine_logits'][rows]), capacity=v, temperature=tau,
+      top_k=es['top_k'] or 0, top_p=es['top_p'], min_p=es['min_p'],
+    )  # fmt: skip
+    got, log_mass = lp_lib.replay_logprobs(
+      jnp.asarray(logits[rows]), jnp.asarray(y), kept.ids, kept.count,
+      temperature=tau,
+    )  # fmt: skip
+    np.testing.assert_allclose(got + log_mass, full_want, atol=ATOL)
+    if es['top_k']:  # the kept-mass bias slime keeps under top-k alone
+      assert float(jnp.min(log_mass)) < -0.01
+    return
+  ids, count, has = kept_from_slime(kw, v)
+
+  def total(logits):
+    logp, log_mass = lp_lib.replay_logprobs(
+      logits[jnp.asarray(rows)], jnp.asarray(y), jnp.asarray(ids),
+      jnp.asarray(count), temperature=tau,
+    )  # fmt: skip
+    # slime: rows without kept-set data keep the full vocabulary (D27).
+    logp = jnp.where(jnp.asarray(has), logp, logp + log_mass)
+    return jnp.sum(logp), (logp, log_mass)
+
+  (_, (logp, log_mass)), grad = jax.jit(
+    jax.value_and_grad(total, has_aux=True)
+  )(jnp.asarray(logits))
+  np.testing.assert_allclose(logp, want, atol=ATOL)
+  np.testing.assert_allclose(
+    logp + jnp.where(has, log_mass, 0), full_want, atol=ATOL
+  )
+  np.testing.assert_allclose(grad, out['grad_logits'][0], atol=ATOL)
+  # keep_mask: slime's [Σ L, V] membership before the target is added.
+  mask = np.ones(logits.shape, bool)
+  member = np.asarray(
+    ks.kept_mask(ks.KeptSet(jnp.asarray(ids), jnp.asarray(count), None), v)
+  )
+  mask[rows[has]] = member[has]
+  np.testing.assert_array_equal(mask, out['keep_mask'])
+  # The engine side: the same function on the engine's logits.
+  eng, _ = lp_lib.replay_logprobs(
+    jnp.asarray(kw['engine_logits'][rows]), jnp.asarray(y), jnp.asarray(ids),
+    jnp.asarray(count), temperature=tau,
+  )  # fmt: skip
+  eng_want = np.concatenate(out['engine_renorm_log_probs'])
+  # The SGLang patch treats an empty set as "no data" (full vocabulary); in
+  # jaxcorr an empty kept set is invalid (the token was drawn from it).
+  some = has & (count > 0)
+  np.testing.assert_allclose(np.asarray(eng)[some], eng_want[some], atol=ATOL)
+
+
+@pytest.mark.parametrize('case', gd.case_params(FW, prefix='clp/'))
+def test_compute_log_probs(case):
+  """slime's `compute_log_probs(logits, tokens, keep_mask)` on `[N, V]`;
+  a `[N, V]` mask is the kept set with C = V."""
+  gs = gd.load(FW)
+  kw = gs.kwargs(case)
+  logits, y = kw['logits'], kw['tokens'].reshape(-1).astype(np.int32)
+  n, v = logits.shape
+  keep = kw.get('keep_mask')
+  if keep is None:
+    keep = np.ones((n, v), bool)
+  order = np.argsort(~keep, axis=-1, kind='stable').astype(np.int32)
+  count = keep.sum(-1).astype(np.int32)
+  ids = np.where(np.arange(v) < count[:, None], order, -1).astype(np.int32)
+
+  def total(logits):
+    logp, _ = lp_lib.replay_logprobs(
+      logits, jnp.asarray(y), jnp.asarray(ids), jnp.asarray(count)
+    )
+    return jnp.sum(logp), logp
+
+  (_, logp), grad = jax.value_and_grad(total, has_aux=True)(jnp.asarray(logits))
+  out = gs.outputs(case)
+  np.testing.assert_allclose(logp, out['log_probs'].reshape(-1), atol=ATOL)
+  np.testing.assert_allclose(grad, out['grad_logits'], atol=ATOL)
+
+
+@pytest.mark.parametrize('case', gd.case_params(FW, prefix='error/'))
+def test_missing_kept_set_is_an_error(case):
+  """slime: `rollout_top_p != 1` without kept sets raises; jaxcorr: every
+  `logprob_mode='replay'` batch must carry them (validate.py, rule 9)."""
+  assert gd.load(FW).error(case)['type'] == 'ValueError'
+  mask = np.ones((1, 2), bool)
+  with pytest.raises(ValueError, match='kept_ids'):
+    validate.validate_kept_set(
+      np.zeros((1, 2), np.int32), np.ones((1, 2), np.int32),
+      np.zeros((1, 2), bool), np.zeros((1, 2), np.int32), mask, 8,
+    )  # fmt: skip
+
+
+def test_engine_kept_set_matches_slime_selection():
+  """`kept_set` on the engine logits reproduces the SGLang patch's kept sets
+  for top-p and min-p (the sets slime replays)."""
+  gs = gd.load(FW)
+  for cid in ('e2e/p/p0.9/V128_t1.0', 'e2e/p/p0.7/V64_t1.3',
+              'e2e/p/p0.1/V128_t1.0', 'e2e/minp/minp0.1_p0.95/V128_t1.0'):  # fmt: skip
+    case = gs.case(cid)
+    kw = gs.kwargs(case)
+    rows, _, _ = layout(kw)
+    es = kw['engine_sampling']
+    v = kw['logits'].shape[-1]
+    kept = ks.kept_set(
+      jnp.asarray(kw['engine_logits'][rows]), capacity=v,
+      temperature=es['temperature'], top_k=es['top_k'] or 0,
+      top_p=es['top_p'], min_p=es['min_p'],
+    )  # fmt: skip
+    want = gs.outputs(case)['keep_mask'][rows]
+    np.testing.assert_array_equal(ks.kept_mask(kept, v), want, err_msg=cid)
+
+
+def test_d30_top_p_after_top_k_renormalises():
+  """With top-k and top-p both on, jaxcorr's sampler (and so its kept set)
+  applies top-p to the renormalised top-k survivors (sampling.py); the
+  SGLang patch accumulates the full-vocabulary probabilities. jaxcorr's set
+  is then a subset of SGLang's, equal when top-k binds first."""
+  gs = gd.load(FW)
+  for cid, equal in (
+    ('e2e/kp/k20_p0.9/V256_t0.7', False),
+    ('e2e/kp/k5_p0.95/V512_t1.0', True),
+  ):
+    kw = gs.kwargs(gs.case(cid))
+    rows, _, _ = layout(kw)
+    es = kw['engine_sampling']
+    v = kw['logits'].shape[-1]
+    kept = ks.kept_set(
+      jnp.asarray(kw['engine_logits'][rows]), capacity=v,
+      temperature=es['temperature'], top_k=es['top_k'], top_p=es['top_p'],
+    )  # fmt: skip
+    got = np.asarray(ks.kept_mask(kept, v))
+    want = gs.outputs(gs.case(cid))['keep_mask'][rows]
+    assert not (got & ~want).any(), cid
+    assert np.array_equal(got, want) == equal, cid
+
+
+# ------------------------------------------------------ the replay contract
+
+
+@pytest.fixture(scope='module')
+def nucleus():
+  """64 tokens sampled at top_p = 0.8 over V = 512, and their kept sets."""
+  k1, k2 = jax.random.split(jax.random.key(0))
+  logits = 2.0 * jax.random.normal(k1, (64, 512))
+  keys = jax.random.split(k2, 64)
+  y, _, logp_trunc = sampling.sample(keys, logits, 1.0, 0, 0.8, 0.0)
+  kept = ks.kept_set(logits, capacity=512, top_p=0.8)
+  return logits, y, logp_trunc, kept
+
+
+replay = jax.jit(lp_lib.replay_logprobs)
+
+
+def test_identical_weights_replay_ratio_is_one_full_is_biased(nucleus):
+  """Same weights on both sides, top_p = 0.8: the engine samples from the
+  renormalised nucleus. Replay: trainer log-prob over the replayed set vs
+  the engine's log-prob of what it sampled → ratio exactly 1. 'full': the
+  trainer's full-vocabulary log-prob vs the same engine value → ratio Z_t,
+  the kept mass (biased low)."""
+  logits, y, logp_trunc, kept = nucleus
+  assert not bool(jnp.any(kept.capped))
+  trainer, log_mass = replay(logits, y, kept.ids, kept.count)
+  # The engine reports its log-prob with the same function on its logits
+  # (identical weights here): bitwise the trainer's value, ratio exactly 1.
+  engine, _ = replay(logits, y, kept.ids, kept.count)
+  np.testing.assert_array_equal(trainer, engine)
+  # Against the sampler's own truncated log-prob (other arithmetic): 1e-6.
+  ratio_replay = jnp.exp(trainer - logp_trunc)
+  np.testing.assert_allclose(ratio_replay, 1.0, rtol=0, atol=1e-6)
+  full = trainer + log_mass
+  ratio_full = jnp.exp(full - logp_trunc)
+  mean_full = float(jnp.mean(ratio_full))
+  print(
+    f'\nidentical weights, top_p=0.8: replay ratio mean '
+    f'{float(jnp.mean(ratio_replay)):.7f} max |log r| '
+    f'{float(jnp.max(jnp.abs(trainer - logp_trunc))):.2e}; full ratio mean '
+    f'{mean_full:.4f} (min {float(jnp.min(ratio_full)):.4f})'
+  )
+  assert mean_full < 0.9  # the kept mass: ≈ top_p or a bit above
+  np.testing.assert_allclose(ratio_full, jnp.exp(log_mass), rtol=1e-5)
+
+
+def test_capped_sets_stay_consistent_and_are_counted(nucleus):
+  """A set wider than C keeps its C most probable ids on both sides: the
+  ratio is still 1 with identical weights, and the metric counts it."""
+  logits, y, _, _ = nucleus
+  kept = ks.kept_set(logits, capacity=8, top_p=0.99)
+  assert bool(jnp.all(kept.capped)) and bool(jnp.all(kept.count == 8))
+  eng, _ = replay(logits, y, kept.ids, kept.count)
+  trn, log_mass = replay(logits, y, kept.ids, kept.count)
+  np.testing.assert_array_equal(eng, trn)
+  mask = jnp.ones(y.shape, bool)
+  met = ks.replay_metrics(log_mass, kept, mask)
+  assert float(met['replay/capped_fraction']) == 1.0
+  assert float(met['replay/set_size_max']) == 8.0
+  assert (
+    0
+    < float(met['replay/kept_mass_min'])
+    <= float(met['replay/kept_mass_mean'])
+    <= 1
+  )
+
+
+def test_replay_gradient_ignores_membership_and_jit_matches_eager(nucleus):
+  logits, y, _, kept = nucleus
+  logits, y = logits[:8], y[:8]
+  kept = jax.tree.map(lambda x: x[:8], kept)
+
+  def f(lg):
+    return jnp.sum(lp_lib.replay_logprobs(lg, y, kept.ids, kept.count)[0])
+
+  g = jax.jit(jax.grad(f))(logits)
+  member = ks.kept_mask(kept, 512) | jax.nn.one_hot(y, 512, dtype=bool)
+  assert float(jnp.max(jnp.abs(jnp.where(member, 0, g)))) == 0.0
+  np.testing.assert_allclose(jax.jit(f)(logits), f(logits), rtol=1e-6)  # eager
+
+
+def test_validation_rules(nucleus):
+  logits, y, _, kept = nucleus
+  ids = np.asarray(kept.ids)[None, :4]
+  count = np.asarray(kept.count)[None, :4]
+  capped = np.asarray(kept.capped)[None, :4]
+  tok = np.asarray(y)[None, :4]
+  mask = np.ones((1, 4), bool)
+  args = dict(response_tokens=tok, response_mask=mask, vocab_size=512)
+  validate.validate_kept_set(ids, count, capped, **args)
+  bad = ids.copy()
+  bad[0, 0, 0] = 512  # out of range (slime drops it silently)
+  with pytest.raises(ValueError, match=r'kept_ids.*\[0, 512\)'):
+    validate.validate_kept_set(bad, count, capped, **args)
+  dup = ids.copy()
+  dup[0, 0, 1] = dup[0, 0, 0]
+  if count[0, 0] >= 2:
+    with pytest.raises(ValueError, match='distinct'):
+      validate.validate_kept_set(dup, count, capped, **args)
+  other = tok.copy()
+  other[0, 0] = next(i for i in range(512) if i not in set(ids[0, 0].tolist()))
+  with pytest.raises(ValueError, match='sampled token'):
+    validate.validate_kept_set(
+      ids, count, capped, **{**args, 'response_tokens': other}
+    )
+  with pytest.raises(ValueError, match='kept_count'):
+    validate.validate_kept_set(ids, np.zeros_like(count), capped, **args)
+  with pytest.raises(ValueError, match='max_capped_fraction'):
+    full_count = np.full_like(count, ids.shape[-1])
+    full_ids = np.asarray(
+      ks.kept_set(logits[:4], capacity=ids.shape[-1], top_p=1.0).ids
+    )[None]
+    validate.validate_kept_set(
+      full_ids, full_count, np.ones_like(capped), **args
+    )
+
+
+def test_chunked_replay_from_hidden_matches_logits_path():
+  """`logprobs_from_hidden(kept_ids=..., kept_count=...)` (the trainer's
+  memory-bounded path) equals `replay_logprobs` on the full logits, values
+  and gradients, with a chunk size that does not divide T."""
+  kh, kw, kl = jax.random.split(jax.random.key(1), 3)
+  b, t, d, v = 2, 7, 8, 32
+  hidden = jax.random.normal(kh, (b, t, d))
+  head = jax.random.normal(kw, (v, d)) * 0.5
+  y = jax.random.randint(kl, (b, t), 0, v)
+  logits = jnp.einsum('btd,vd->btv', hidden, head) / 0.7
+  kept = ks.kept_set(logits * 0.7, capacity=6, temperature=0.7, top_p=0.9)
+
+  def chunked(h):
+    logp, mass = lp_lib.logprobs_from_hidden(
+      h, head, y, temperature=0.7, chunk_size=3, kept_ids=kept.ids,
+      kept_count=kept.count, return_kept_mass=True,
+    )  # fmt: skip
+    return jnp.sum(logp), (logp, mass)
+
+  def direct(h):
+    lg = jnp.einsum('btd,vd->btv', h, head)
+    logp, mass = lp_lib.replay_logprobs(
+      lg, y, kept.ids, kept.count, temperature=0.7
+    )
+    return jnp.sum(logp), (logp, mass)
+
+  (_, (a, ma)), ga = jax.jit(jax.value_and_grad(chunked, has_aux=True))(hidden)
+  (_, (b_, mb)), gb = jax.jit(jax.value_and_grad(direct, has_aux=True))(hidden)
+  np.testing.assert_allclose(a, b_, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(ma, mb, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(ga, gb, rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match='kept_count'):
+    lp_lib.logprobs_from_hidden(hidden, head, y, kept_ids=kept.ids)
+
+
+def test_rollout_batch_in_replay_mode_needs_kept_sets():
+  """validate.py rule 9: a 'replay' batch without kept sets is refused,
+  naming the field; an unknown logprob_mode is refused with the allowed
+  values."""
+  import dataclasses
+
+  from test_rollout_validate import CFG, good_batch
+
+  replay_cfg = dataclasses.replace(CFG, logprob_mode='replay')
+  with pytest.raises(ValueError, match='kept_ids: missing'):
+    validate.validate_rollout_batch(good_batch(), replay_cfg)
+  with pytest.raises(ValueError, match="'full', 'truncated', 'replay'"):
+    validate.validate_rollout_batch(
+      good_batch(), dataclasses.replace(CFG, logprob_mode='processed')
+    )
