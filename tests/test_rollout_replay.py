@@ -85,6 +85,18 @@ def test_small_capacity_caps_and_validation_refuses(model):
   assert batch.kept_capped[on].all()
   assert (batch.kept_count[on] == 2).all()
   assert (batch.kept_ids[on][:, :2] >= 0).all()
+  # Capped: the engine renormalises over the stored set too (ratio 1 to
+  # the trainer), no longer the truncated value over the whole K.
+  q, n = PROMPTS[batch.group_id[0]], int(on[0].sum())
+  seq = jnp.asarray([q + batch.response_tokens[0, :n].tolist()])
+  logits = forward(model, seq)[0, len(q) - 1 : -1]
+  logp, _ = replay_logprobs(
+    logits, seq[0, len(q) :], batch.kept_ids[0, :n], batch.kept_count[0, :n]
+  )
+  np.testing.assert_allclose(
+    logp, batch.rollout_logp_truncated[0, :n], atol=1e-5
+  )
+  assert (batch.rollout_logp_truncated[on] > batch.rollout_logp[on]).all()
   with pytest.raises(ValueError, match='kept_capped'):
     validate_rollout_batch(
       batch,

@@ -28,6 +28,7 @@ from flax import nnx
 
 from jaxcorr import sampling
 from jaxcorr.model import KVCache
+from jaxcorr.model.logprobs import replay_logprobs
 from jaxcorr.rollout import kept_set as kept_set_lib
 from jaxcorr.rollout.state import Chunk, DecodeState, Prefix
 
@@ -36,7 +37,10 @@ def sample_rows(keys, logits, sp, kept_capacity: int = 0):
   """keys [N, 2], logits [N, V] fp32, sp [N, 4] (temperature, top_k, top_p,
   min_p) -> token [N] int32, logp_full [N], logp_truncated [N], kept: the
   `KeptSet` [N] the token was drawn from (width `kept_capacity`, static) or
-  None when 0 (no extra work: `logprob_mode='replay'` only)."""
+  None when 0 (no extra work: `logprob_mode='replay'` only). With a kept
+  set, logp_truncated is renormalised over the stored set ∪ {y}
+  (`replay_logprobs`): the truncated value unless the set was capped, and
+  exactly what the trainer recomputes."""
   temp, top_k, top_p, min_p = (
     sp[:, 0], sp[:, 1].astype(jnp.int32), sp[:, 2], sp[:, 3]
   )  # fmt: skip
@@ -50,6 +54,9 @@ def sample_rows(keys, logits, sp, kept_capacity: int = 0):
       top_k=top_k,
       top_p=top_p,
       min_p=min_p,
+    )
+    lpt, _ = replay_logprobs(
+      logits, tok, kept.ids, kept.count, temperature=temp
     )
   return tok, lp, lpt, kept
 

@@ -133,8 +133,8 @@ def assemble(
   ctx = np.asarray(batch.context_mask, bool)
   kept_sets = {}
   if logprob_mode == 'replay':
-    # μ over K_t: the truncated value (the same set, except on capped
-    # tokens, bounded by validation: rollout/validate.py).
+    # μ: the engine's truncated value, which a replay engine renormalises
+    # over the stored set ∪ {y} (rollout/decode.py `sample_rows`).
     kept_sets = {
       'kept_ids': np.where(mask[..., None], batch.kept_ids, -1),
       'kept_count': np.where(mask, batch.kept_count, 0),
