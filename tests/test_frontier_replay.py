@@ -3,7 +3,8 @@ PR #2102), and the replay contract itself.
 
 slime's kept sets are ragged (`top_p_token_ids` + `top_p_token_offsets` per
 sample); `kept_set.from_ragged` turns them into jaxcorr's fixed-width
-`KeptSet` (C = the widest set of the case, so nothing is capped). The
+`KeptSet` (C = V, so nothing is capped and the cases of one V share their
+compiles). The
 packed row of response token r of sample i is `offset_i + prompt_i − 1 + r`
 (slime's `response_rows`). `replay_logprobs` on those rows must give slime's
 log-probs, its gradient w.r.t. the packed logits, and, on the engine's
@@ -59,7 +60,7 @@ def kept_from_slime(kw, v):
   the tokens without data are marked and filled with a placeholder set.
   """
   ids_l, offs_l = kw['top_p_token_ids'], kw['top_p_token_offsets']
-  width = max([int(np.diff(o).max()) for o in offs_l if len(o) > 1] + [1])
+  width = v  # one width per V: the jitted replay below compiles once per V
   ids, count, has = [], [], []
   for i, resp in enumerate(kw['response_lengths']):
     offs = np.asarray(offs_l[i])
@@ -94,6 +95,33 @@ def _replay_case(case):
 
 
 E2E = gd.case_params(FW, prefix='e2e/') + gd.case_params(FW, prefix='edge/')
+# Jitted once at module level, τ traced: the golden cases differ in data and
+# τ, and share a compile per vocabulary size.
+replay = jax.jit(lp_lib.replay_logprobs)
+
+
+@jax.jit
+def replay_value_and_grad(logits, rows, y, ids, count, has, tau):
+  """d(Σ replayed logp)/d logits, slime's fallback on rows without data."""
+
+  def total(logits):
+    logp, log_mass = lp_lib.replay_logprobs(
+      logits[rows], y, ids, count, temperature=tau
+    )
+    # slime: rows without kept-set data keep the full vocabulary (D27).
+    logp = jnp.where(has, logp, logp + log_mass)
+    return jnp.sum(logp), (logp, log_mass)
+
+  return jax.value_and_grad(total, has_aux=True)(logits)
+
+
+@jax.jit
+def clp_value_and_grad(logits, y, ids, count):
+  def total(logits):
+    logp, _ = lp_lib.replay_logprobs(logits, y, ids, count)
+    return jnp.sum(logp), logp
+
+  return jax.value_and_grad(total, has_aux=True)(logits)
 
 
 @pytest.mark.parametrize('case', E2E)
@@ -110,28 +138,19 @@ def test_replay_matches_slime(case):
       jnp.asarray(kw['engine_logits'][rows]), capacity=v, temperature=tau,
       top_k=es['top_k'] or 0, top_p=es['top_p'], min_p=es['min_p'],
     )  # fmt: skip
-    got, log_mass = lp_lib.replay_logprobs(
+    got, log_mass = replay(
       jnp.asarray(logits[rows]), jnp.asarray(y), kept.ids, kept.count,
-      temperature=tau,
+      temperature=jnp.float32(tau),
     )  # fmt: skip
     np.testing.assert_allclose(got + log_mass, full_want, atol=ATOL)
     if es['top_k']:  # the kept-mass bias slime keeps under top-k alone
       assert float(jnp.min(log_mass)) < -0.01
     return
   ids, count, has = kept_from_slime(kw, v)
-
-  def total(logits):
-    logp, log_mass = lp_lib.replay_logprobs(
-      logits[jnp.asarray(rows)], jnp.asarray(y), jnp.asarray(ids),
-      jnp.asarray(count), temperature=tau,
-    )  # fmt: skip
-    # slime: rows without kept-set data keep the full vocabulary (D27).
-    logp = jnp.where(jnp.asarray(has), logp, logp + log_mass)
-    return jnp.sum(logp), (logp, log_mass)
-
-  (_, (logp, log_mass)), grad = jax.jit(
-    jax.value_and_grad(total, has_aux=True)
-  )(jnp.asarray(logits))
+  (_, (logp, log_mass)), grad = replay_value_and_grad(
+    jnp.asarray(logits), jnp.asarray(rows), jnp.asarray(y), jnp.asarray(ids),
+    jnp.asarray(count), jnp.asarray(has), jnp.float32(tau),
+  )  # fmt: skip
   np.testing.assert_allclose(logp, want, atol=ATOL)
   np.testing.assert_allclose(
     logp + jnp.where(has, log_mass, 0), full_want, atol=ATOL
@@ -145,9 +164,9 @@ def test_replay_matches_slime(case):
   mask[rows[has]] = member[has]
   np.testing.assert_array_equal(mask, out['keep_mask'])
   # The engine side: the same function on the engine's logits.
-  eng, _ = lp_lib.replay_logprobs(
+  eng, _ = replay(
     jnp.asarray(kw['engine_logits'][rows]), jnp.asarray(y), jnp.asarray(ids),
-    jnp.asarray(count), temperature=tau,
+    jnp.asarray(count), temperature=jnp.float32(tau),
   )  # fmt: skip
   eng_want = np.concatenate(out['engine_renorm_log_probs'])
   # The SGLang patch treats an empty set as "no data" (full vocabulary); in
@@ -171,13 +190,9 @@ def test_compute_log_probs(case):
   count = keep.sum(-1).astype(np.int32)
   ids = np.where(np.arange(v) < count[:, None], order, -1).astype(np.int32)
 
-  def total(logits):
-    logp, _ = lp_lib.replay_logprobs(
-      logits, jnp.asarray(y), jnp.asarray(ids), jnp.asarray(count)
-    )
-    return jnp.sum(logp), logp
-
-  (_, logp), grad = jax.value_and_grad(total, has_aux=True)(jnp.asarray(logits))
+  (_, logp), grad = clp_value_and_grad(
+    jnp.asarray(logits), jnp.asarray(y), jnp.asarray(ids), jnp.asarray(count)
+  )
   out = gs.outputs(case)
   np.testing.assert_allclose(logp, out['log_probs'].reshape(-1), atol=ATOL)
   np.testing.assert_allclose(grad, out['grad_logits'], atol=ATOL)
@@ -252,9 +267,6 @@ def nucleus():
   y, _, logp_trunc = sampling.sample(keys, logits, 1.0, 0, 0.8, 0.0)
   kept = ks.kept_set(logits, capacity=512, top_p=0.8)
   return logits, y, logp_trunc, kept
-
-
-replay = jax.jit(lp_lib.replay_logprobs)
 
 
 def test_identical_weights_replay_ratio_is_one_full_is_biased(nucleus):

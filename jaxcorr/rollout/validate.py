@@ -59,7 +59,7 @@ def _check_array(batch, name, shape, kind):
     raise ValueError(
       f'RolloutBatch.{name}: shape {x.shape} dtype {x.dtype}, expected '
       f'{shape} {np.dtype(kind)} '
-      '(rule: docs/math/rollout_contract.md §4 layout)'
+      '(rule: the layout of docs/math/rollout_contract.md §4)'
     )
   return x
 
