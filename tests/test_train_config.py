@@ -90,6 +90,8 @@ INVALID = [
   ({'rollout__mode': 'asynch'}, r"config\.rollout\.mode.*'sync'"),
   ({'rollout__engine_quant': 'int4'}, r'config\.rollout\.engine_quant'),
   ({'rollout__logprob_mode': 'exact'}, r'config\.rollout\.logprob_mode'),
+  ({'rollout__logprob_mode': 'mask'}, r"logprob_mode.*'replay'"),
+  ({'rollout__kept_set_capacity': 0}, r'config\.rollout\.kept_set_capacity'),
   ({'reward__functions': 'exact_match,nope'}, r'nope.*exact_match'),
   ({'optim__schedule': 'linear'}, r'config\.optim\.schedule'),
   ({'optim__learning_rate': -1.0}, r'config\.optim\.learning_rate'),

@@ -93,6 +93,24 @@ def test_pulse_sync(tmp_path, preset):
   assert trainer.steps.update._cache_size() <= 1
 
 
+def test_pulse_replay(tmp_path):
+  """logprob_mode='replay': the engine's kept sets reach the trainer, whose
+  π_old is renormalised over them (rollout/kept_set.py)."""
+  config = _config(
+    'decoupled_seq_is_rs', rollout__logprob_mode='replay', rollout__top_p=0.8
+  )
+  trainer, last = _train(config, tmp_path)
+  rows = [r for r in _read(tmp_path) if r['step'] > 0]
+  assert len(rows) == 3
+  vocab = trainer.engine.config.vocab_size
+  assert trainer.engine.kept_set_capacity == min(64, vocab)
+  for r in rows:
+    assert math.isfinite(r['actor/pg_loss']), r
+    # π_old and μ both live on K_t: same weights, ratio 1 despite top-p.
+    assert abs(r['rollout_corr/kl']) < 1e-5, r['rollout_corr/kl']
+  assert last['actor/grad_norm'] > 0
+
+
 def test_pulse_async_bounded_staleness(tmp_path):
   config = _config(
     'decoupled_token_is',

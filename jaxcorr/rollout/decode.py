@@ -28,15 +28,37 @@ from flax import nnx
 
 from jaxcorr import sampling
 from jaxcorr.model import KVCache
+from jaxcorr.model.logprobs import replay_logprobs
+from jaxcorr.rollout import kept_set as kept_set_lib
 from jaxcorr.rollout.state import Chunk, DecodeState, Prefix
 
 
-def sample_rows(keys, logits, sp):
+def sample_rows(keys, logits, sp, kept_capacity: int = 0):
   """keys [N, 2], logits [N, V] fp32, sp [N, 4] (temperature, top_k, top_p,
-  min_p) -> token [N] int32, logp_full [N], logp_truncated [N]."""
-  return sampling.sample(
-    keys, logits, sp[:, 0], sp[:, 1].astype(jnp.int32), sp[:, 2], sp[:, 3]
-  )
+  min_p) -> token [N] int32, logp_full [N], logp_truncated [N], kept: the
+  `KeptSet` [N] the token was drawn from (width `kept_capacity`, static) or
+  None when 0 (no extra work: `logprob_mode='replay'` only). With a kept
+  set, logp_truncated is renormalised over the stored set ∪ {y}
+  (`replay_logprobs`): the truncated value unless the set was capped, and
+  exactly what the trainer recomputes."""
+  temp, top_k, top_p, min_p = (
+    sp[:, 0], sp[:, 1].astype(jnp.int32), sp[:, 2], sp[:, 3]
+  )  # fmt: skip
+  tok, lp, lpt = sampling.sample(keys, logits, temp, top_k, top_p, min_p)
+  kept = None
+  if kept_capacity:
+    kept = kept_set_lib.kept_set(
+      logits,
+      capacity=kept_capacity,
+      temperature=temp,
+      top_k=top_k,
+      top_p=top_p,
+      min_p=min_p,
+    )
+    lpt, _ = replay_logprobs(
+      logits, tok, kept.ids, kept.count, temperature=temp
+    )
+  return tok, lp, lpt, kept
 
 
 def init_state(cfg, n: int, t: int, sp_row: jax.Array) -> DecodeState:
@@ -60,9 +82,12 @@ def init_state(cfg, n: int, t: int, sp_row: jax.Array) -> DecodeState:
   )
 
 
-def prefill(graphdef, params, tokens, lengths, source, keys, sp) -> Prefix:
+def prefill(
+  graphdef, params, tokens, lengths, source, keys, sp, *, kept_capacity=0
+) -> Prefix:
   """tokens [R, Pb] right-padded, lengths [R]; source [M], keys [M, 2],
-  sp [M, 4] -> Prefix."""
+  sp [M, 4] -> Prefix (with the first tokens' kept sets if
+  `kept_capacity`)."""
   model = nnx.merge(graphdef, params)
   r, pb = tokens.shape
   cache = model.init_cache(r, pb)
@@ -73,9 +98,9 @@ def prefill(graphdef, params, tokens, lengths, source, keys, sp) -> Prefix:
   last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)
   logits = model.logits(last)[:, 0]  # [R, V] float32
   step0 = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, 0)
-  tok, lp, lpt = sample_rows(step0, logits[source], sp)
+  tok, lp, lpt, kept = sample_rows(step0, logits[source], sp, kept_capacity)
   cache = cache.replace(index=lengths)
-  return Prefix(cache, source, tok, lp, lpt, keys, sp)
+  return Prefix(cache, source, tok, lp, lpt, keys, sp, kept=kept)
 
 
 def insert(prefix, state, slots, limit, stop_ids) -> DecodeState:
@@ -116,40 +141,56 @@ def _is_stop(tokens, stop_ids):
   return jnp.any(tokens[:, None] == stop_ids[None, :], axis=1)
 
 
-def step(graphdef, params, state, advance, attend_len=None):
+def step(graphdef, params, state, advance, attend_len=None, kept_capacity=0):
   """One token for every slot. advance [N] bool: the slots whose position,
   step count and last token move on (others compute and are ignored).
 
-  Returns (state, token [N], logp [N], logp_truncated [N])."""
+  Returns (state, token [N], logp [N], logp_truncated [N], kept: a
+  `KeptSet` [N] or None, see `sample_rows`)."""
   model = nnx.merge(graphdef, params)
   hidden, cache = model.hidden_states(
     state.tokens[:, None], cache=state.cache, attend_len=attend_len
   )
   logits = model.logits(hidden)[:, 0]  # [N, V] float32
   keys = jax.vmap(jax.random.fold_in)(state.keys, state.steps)
-  tok, lp, lpt = sample_rows(keys, logits, state.sampling)
+  tok, lp, lpt, kept = sample_rows(keys, logits, state.sampling, kept_capacity)
   step_on = advance.astype(jnp.int32)
   state = state.replace(
     cache=cache.replace(index=state.cache.index + step_on),
     tokens=jnp.where(advance, tok, state.tokens),
     steps=state.steps + step_on,
   )
-  return state, tok, lp, lpt
+  return state, tok, lp, lpt, kept
 
 
 def decode_chunk(
-  graphdef, params, state, stop_ids, exit_active, *, num_steps, attend_len
+  graphdef,
+  params,
+  state,
+  stop_ids,
+  exit_active,
+  *,
+  num_steps,
+  attend_len,
+  kept_capacity=0,
 ):
   """Up to `num_steps` decode steps on device. Leaves the loop early once
   at most `exit_active` slots are still active (0: when all are done).
+  With `kept_capacity` C > 0 the chunk also holds each token's kept set.
 
   Returns (state, Chunk)."""
-  n = state.tokens.shape[0]
+  n, c = state.tokens.shape[0], kept_capacity
   buf = (
     jnp.zeros((n, num_steps), jnp.int32),
     jnp.zeros((n, num_steps), jnp.float32),
     jnp.zeros((n, num_steps), jnp.float32),
   )
+  if c:
+    buf += (
+      jnp.full((n, num_steps, c), kept_set_lib.PAD_ID, jnp.int32),
+      jnp.zeros((n, num_steps), jnp.int32),
+      jnp.zeros((n, num_steps), bool),
+    )
 
   def cond(carry):
     state, _, c = carry
@@ -159,10 +200,15 @@ def decode_chunk(
   def body(carry):
     state, buf, c = carry
     live = state.active
-    state, tok, lp, lpt = step(graphdef, params, state, live, attend_len)
+    state, tok, lp, lpt, kept = step(
+      graphdef, params, state, live, attend_len, kept_capacity
+    )
+    new = (tok, lp, lpt)
+    if kept is not None:
+      new += (kept.ids, kept.count, kept.capped)
     buf = tuple(
       jax.lax.dynamic_update_index_in_dim(b, x, c, axis=1)
-      for b, x in zip(buf, (tok, lp, lpt))
+      for b, x in zip(buf, new)
     )
     done = _is_stop(tok, stop_ids) | (state.steps >= state.limit)
     return state.replace(active=live & ~done), buf, c + 1
@@ -172,4 +218,7 @@ def decode_chunk(
   # A slot is live for a prefix of the chunk's steps: its count is how many
   # steps it advanced.
   counts = state.steps - steps0
-  return state, Chunk(*buf, counts=counts, active=state.active, steps=c)
+  kept = kept_set_lib.KeptSet(*buf[3:]) if kept_capacity else None
+  return state, Chunk(
+    *buf[:3], counts=counts, active=state.active, steps=c, kept=kept
+  )

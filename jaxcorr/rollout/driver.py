@@ -69,10 +69,14 @@ class _Request:
     self.logp: list[float] = []
     self.logp_truncated: list[float] = []
     self.versions: list[int] = []
+    self.kept: list[tuple] = []  # (ids [n, C], count [n], capped [n])
     self.finish = FinishReason.LENGTH
 
-  def add(self, tokens, logp, logp_t, version) -> None:
-    """Append sampled tokens (host arrays of one length)."""
+  def add(self, tokens, logp, logp_t, version, kept=None) -> None:
+    """Append sampled tokens (host arrays of one length; kept: their
+    `KeptSet` or None)."""
+    if kept is not None:
+      self.kept.append((kept.ids, kept.count, kept.capped))
     self.tokens.extend(np.asarray(tokens).tolist())
     self.logp.extend(np.asarray(logp).tolist())
     self.logp_truncated.extend(np.asarray(logp_t).tolist())
@@ -156,16 +160,19 @@ def generate(
     out, first = jax.device_get((out, first))  # the one sync per chunk
     for m, (_, req) in enumerate(admitted):
       sl = slice(m, m + 1)
+      kept = _rows(first.kept, sl)
       req.add(
-        first.token[sl], first.logp[sl], first.logp_truncated[sl], version
-      )
+        first.token[sl], first.logp[sl], first.logp_truncated[sl], version,
+        kept,
+      )  # fmt: skip
     for slot, req in enumerate(slots):
       if req is None:
         continue
       k = out.counts[slot]
+      kept = _rows(out.kept, (slot, slice(0, k)))
       req.add(
         out.tokens[slot, :k], out.logp[slot, :k],
-        out.logp_truncated[slot, :k], version,
+        out.logp_truncated[slot, :k], version, kept,
       )  # fmt: skip
       if not out.active[slot]:
         if req.tokens[-1] in stop:
@@ -243,6 +250,7 @@ def _to_batch(engine, prompts, done, t, sp) -> RolloutBatch:
     version[r.row, :n] = r.versions
   cfg = engine.config
   return RolloutBatch(
+    **_kept_fields(done, b, t, engine.kept_set_capacity),
     prompt_tokens=prompt_tokens,
     prompt_mask=prompt_mask,
     response_tokens=response,
@@ -262,3 +270,23 @@ def _to_batch(engine, prompts, done, t, sp) -> RolloutBatch:
     param_dtype=str(np.dtype(cfg.param_dtype)),
     kv_cache_dtype=str(np.dtype(cfg.dtype)),
   )
+
+
+def _kept_fields(done, b, t, c) -> dict:
+  """The batch's kept-set fields (RolloutBatch), empty when C = 0."""
+  if not c:
+    return {}
+  ids = np.full((b, t, c), -1, np.int32)
+  count = np.zeros((b, t), np.int32)
+  capped = np.zeros((b, t), bool)
+  for r in done:
+    n = len(r.tokens)
+    ids[r.row, :n] = np.concatenate([k[0] for k in r.kept])
+    count[r.row, :n] = np.concatenate([k[1] for k in r.kept])
+    capped[r.row, :n] = np.concatenate([k[2] for k in r.kept])
+  return {'kept_ids': ids, 'kept_count': count, 'kept_capped': capped}
+
+
+def _rows(kept, index):
+  """`kept[index]` on every field of a host `KeptSet`, or None."""
+  return None if kept is None else jax.tree.map(lambda x: x[index], kept)

@@ -103,6 +103,9 @@ class PolicyEngine(engine_api.Engine):
     min_attend_bucket: smallest attention bucket; decode attends over the
       first 16, 32, ... (powers of two times it) cache slots, whichever
       covers the longest live row, up to max_target_length.
+    kept_set_capacity: C > 0 records, per generated token, the kept set it
+      was sampled from (`rollout/kept_set.py`, width C) for
+      `logprob_mode='replay'`; 0 (default) records nothing.
   """
 
   def __init__(
@@ -119,11 +122,17 @@ class PolicyEngine(engine_api.Engine):
     seed: int = 0,
     decode_chunk: int = 32,
     min_attend_bucket: int = 32,
+    kept_set_capacity: int = 0,
   ):
     if max_prefill_length > max_target_length:
       raise ValueError(
         f'max_prefill_length={max_prefill_length} exceeds '
         f'max_target_length={max_target_length}'
+      )
+    if not 0 <= kept_set_capacity <= model.config.vocab_size:
+      raise ValueError(
+        f'kept_set_capacity={kept_set_capacity}; allowed: 0 (off) or an '
+        f'int in [1, vocab_size={model.config.vocab_size}]'
       )
     if decode_chunk < 1 or min_attend_bucket < 1:
       raise ValueError(
@@ -153,14 +162,18 @@ class PolicyEngine(engine_api.Engine):
       min(min_attend_bucket, max_target_length), max_target_length
     )
     g = self._graphdef
-    self._prefill_jit = jax.jit(functools.partial(decode.prefill, g))
+    # Static: replay on or off is one compilation per engine, never per call.
+    self.kept_set_capacity = kept = kept_set_capacity
+    self._prefill_jit = jax.jit(
+      functools.partial(decode.prefill, g, kept_capacity=kept)
+    )
     self._insert_jit = jax.jit(decode.insert, donate_argnums=(1,))
     self._generate_jit = jax.jit(
       functools.partial(self._generate_fn, g), donate_argnums=(1,)
     )
     self._compact_jit = jax.jit(_take_rows)
     self._chunk_jit = jax.jit(
-      functools.partial(decode.decode_chunk, g),
+      functools.partial(decode.decode_chunk, g, kept_capacity=kept),
       donate_argnums=(1,),
       static_argnames=('num_steps', 'attend_len'),
     )
@@ -379,7 +392,7 @@ class PolicyEngine(engine_api.Engine):
   @staticmethod
   def _generate_fn(graphdef, params, state):
     advance = jnp.ones_like(state.active)
-    state, tok, lp, lpt = decode.step(graphdef, params, state, advance)
+    state, tok, lp, lpt, _ = decode.step(graphdef, params, state, advance)
     n = tok.shape[0]
     bits = jax.lax.bitcast_convert_type(jnp.stack([lp, lpt], 1), jnp.int32)
     data = jnp.concatenate(

@@ -13,6 +13,7 @@ import numpy as np
 from jetstream.engine import engine_api
 
 from jaxcorr.model import KVCache
+from jaxcorr.rollout.kept_set import KeptSet
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +51,9 @@ class Prefix:
   logp_truncated: jax.Array  # float32 [M]
   key: jax.Array  # uint32 [M, 2]
   sampling: jax.Array  # float32 [M, 4]: temperature, top_k, top_p, min_p
+  # KeptSet of [M] tokens (rollout/kept_set.py), only with a kept-set
+  # capacity (logprob_mode='replay').
+  kept: KeptSet | None = None
 
 
 @flax.struct.dataclass
@@ -87,6 +91,7 @@ class Chunk:
   counts: jax.Array  # int32 [N]
   active: jax.Array  # bool [N], after the chunk
   steps: jax.Array  # int32 []: decode steps run
+  kept: KeptSet | None = None  # [N, C] tokens' kept sets (replay only)
 
 
 @flax.struct.dataclass

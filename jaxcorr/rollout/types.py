@@ -51,6 +51,11 @@ class RolloutBatch:
   group_id: jax.Array  # [B] int32, prompt index
   sample_id: jax.Array  # [B] int32, index within the group
   seq_reward: jax.Array | None = None  # [B] float32, after scoring
+  # logprob_mode='replay' (rollout/kept_set.py): each token's kept set,
+  # width C, -1 past kept_count; None when the engine records none.
+  kept_ids: jax.Array | None = None  # [B, T, C] int32
+  kept_count: jax.Array | None = None  # [B, T] int32
+  kept_capped: jax.Array | None = None  # [B, T] bool
   # Logging only.
   engine_name: str = flax.struct.field(pytree_node=False, default='')
   param_dtype: str = flax.struct.field(pytree_node=False, default='')

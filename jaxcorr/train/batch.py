@@ -6,7 +6,8 @@ devices. It
 * drops rows the contract says to drop (docs/math/rollout_contract.md §6): ABORT
   and ERROR rows and rows staler than `rollout.max_staleness` become empty rows
   (every mask False);
-* picks μ by `rollout.logprob_mode` (`rollout_logp` or its truncated value);
+* picks μ by `rollout.logprob_mode` (`rollout_logp` or its truncated value;
+  'replay' also carries the engine's kept sets, rollout/kept_set.py);
 * lays prompt and response out as one `[B, P + T]` token row with segment
   ids (1 on real tokens) so positions count from the first real prompt token
   in the trainer exactly as in the engine (docs/math/rollout_contract.md §3);
@@ -65,6 +66,9 @@ class TrainBatch:
   returns: Array | None = None  # [B, T] float32
   corr_weights: Array | None = None  # [B, T] float32: decoupled correction
   corr_mask: Array | None = None  # [B, T] bool: rows/tokens it keeps
+  # logprob_mode='replay': the engine's kept sets (count 0 off the mask).
+  kept_ids: Array | None = None  # [B, T, C] int32, -1 past kept_count
+  kept_count: Array | None = None  # [B, T] int32
 
   @property
   def rows(self) -> int:
@@ -127,7 +131,16 @@ def assemble(
   kept, _ = keep_rows(batch, trainer_version, max_staleness)
   mask = np.asarray(batch.response_mask, bool) & kept[:, None]
   ctx = np.asarray(batch.context_mask, bool)
-  if logprob_mode == 'truncated':
+  kept_sets = {}
+  if logprob_mode == 'replay':
+    # μ: the engine's truncated value, which a replay engine renormalises
+    # over the stored set ∪ {y} (rollout/decode.py `sample_rows`).
+    kept_sets = {
+      'kept_ids': np.where(mask[..., None], batch.kept_ids, -1),
+      'kept_count': np.where(mask, batch.kept_count, 0),
+    }
+    kept_sets = {k: v.astype(np.int32) for k, v in kept_sets.items()}
+  if logprob_mode in ('truncated', 'replay'):
     mu = batch.rollout_logp_truncated
   else:
     mu = batch.rollout_logp
@@ -149,6 +162,7 @@ def assemble(
     min_p=np.asarray(batch.min_p, np.float32),
     group_ids=np.asarray(batch.group_id, np.int32),
     seq_reward=np.where(kept, seq_reward, 0.0).astype(np.float32),
+    **kept_sets,
   )
   return pad_rows(out, padded_size(b, row_multiple))
 

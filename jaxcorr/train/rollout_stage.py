@@ -77,6 +77,12 @@ def make_engine(run: RunConfig, policy: Any, mesh: Any) -> PolicyEngine:
     max_target_length=r.max_prompt_length + r.max_new_tokens,
     mesh=mesh,
     dtype=jnp.dtype(r.engine_dtype),
+    # A set can never be wider than the vocabulary.
+    kept_set_capacity=(
+      min(r.kept_set_capacity, policy.config.vocab_size)
+      if r.logprob_mode == 'replay'
+      else 0
+    ),
   )
 
 

@@ -191,9 +191,16 @@ class RolloutConfig:
   )
   logprob_mode: str = setting(
     'full',
-    one_of('full', 'truncated'),
-    "μ for the correction: 'full' (verl) or 'truncated' (of the truncated "
-    'sampling distribution).',
+    one_of('full', 'truncated', 'replay'),
+    "μ for the correction: 'full' (verl), 'truncated' (of the truncated "
+    "sampling distribution) or 'replay' (the engine records each token's "
+    'kept set and the trainer renormalises over it: rollout/kept_set.py).',
+  )
+  kept_set_capacity: int = setting(
+    64,
+    _POS,
+    "logprob_mode='replay': kept ids stored per token; a wider set keeps "
+    'its most probable ids and counts as capped (at most 1% of tokens).',
   )
   max_concurrent_decodes: int = setting(64, _POS, 'Engine decode slots.')
   decode_chunk: int = setting(

@@ -21,6 +21,8 @@ from flax import nnx
 
 from jaxcorr import sampling
 from jaxcorr.model import token_logprobs
+from jaxcorr.model.layers import matmul_precision
+from jaxcorr.model.logprobs import logprobs_from_hidden
 from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.run_config import RunConfig
 
@@ -66,6 +68,8 @@ def response_logp(
   model = nnx.merge(graphdef, params)
   if run.rollout.logprob_mode == 'truncated':
     return _truncated_logp(model, batch, entropy)
+  if run.rollout.logprob_mode == 'replay':
+    return _replay_logp(model, batch, entropy, run.model.logprob_chunk)
   out = token_logprobs(
     model,
     batch.tokens,
@@ -105,6 +109,35 @@ def _truncated_logp(model: Any, batch: TrainBatch, entropy: bool) -> Any:
   finite = jnp.isfinite(logp_all)
   ent = -jnp.sum(jnp.where(finite, jnp.exp(logp_all) * logp_all, 0.0), axis=-1)
   return trunc, ent
+
+
+def _replay_logp(model: Any, batch: TrainBatch, entropy: bool, chunk: int):
+  """`logprob_mode='replay'`: log-probs renormalised over the engine's kept
+  sets (`replay_logprobs`), entropy of the full distribution."""
+  hidden, _ = model.hidden_states(batch.tokens, segment_ids=batch.segment_ids)
+  p = batch.tokens.shape[1] - batch.response_mask.shape[1]
+  # Prompt positions get an empty set (scored, then cut by at_response).
+  ids = jnp.pad(
+    batch.kept_ids, ((0, 0), (p - 1, 0), (0, 0)), constant_values=-1
+  )
+  count = jnp.pad(batch.kept_count, ((0, 0), (p - 1, 0)))
+  cfg = model.config
+  out = logprobs_from_hidden(
+    hidden[:, :-1],
+    model.head_weight(),
+    batch.tokens[:, 1:],
+    temperature=batch.temperature,
+    chunk_size=chunk,
+    return_entropy=entropy,
+    dtype=cfg.dtype,
+    precision=matmul_precision(cfg),
+    real_vocab_size=cfg.real_vocab_size,
+    kept_ids=ids,
+    kept_count=count,
+  )
+  if entropy:
+    return at_response(out[0], batch), at_response(out[1], batch)
+  return at_response(out, batch)
 
 
 def critic_values(graphdef: Any, params: Any, batch: TrainBatch) -> jax.Array:
