@@ -108,6 +108,12 @@ def test_pulse_replay(tmp_path):
     assert math.isfinite(r['actor/pg_loss']), r
     # π_old and μ both live on K_t: same weights, ratio 1 despite top-p.
     assert abs(r['rollout_corr/kl']) < 1e-5, r['rollout_corr/kl']
+    # top_p=0.8 keeps at least 80% of the engine's mass, never all of it
+    # on every token; no set reaches the capacity (V <= 64).
+    assert 0.8 - 1e-6 <= r['replay/kept_mass_min'] <= 1.0, r
+    assert r['replay/kept_mass_mean'] < 1.0, r
+    assert 1 <= r['replay/set_size_mean'] <= r['replay/set_size_max'] <= vocab
+    assert r['replay/capped_fraction'] == 0.0
   assert last['actor/grad_norm'] > 0
 
 

@@ -88,14 +88,25 @@ def validate_rollout_batch(batch: RolloutBatch, cfg: ValidationConfig):
       ('sample_id', (b,), np.int32),
     ]
   }
-  mask, ctx = a['response_mask'], a['context_mask']
+  mask = a['response_mask']
   _fail(
     'finish_reason',
     ~np.isin(a['finish_reason'], [int(r) for r in FinishReason]),
     'a valid FinishReason value',
   )
   pad = a['finish_reason'] == FinishReason.PAD
-  # 2. Masks.
+  _check_masks(a, pad)
+  _check_logprobs(batch, cfg, mask, (b, t))
+  _check_sampling_and_groups(a, cfg, pad, b)
+  _check_versions_and_ids(a, cfg)
+  # 9. Replay: the engine's kept sets (rollout/kept_set.py).
+  if cfg.logprob_mode == 'replay':
+    _check_replay(batch, cfg, a['response_tokens'], mask)
+
+
+def _check_masks(a: dict[str, np.ndarray], pad: np.ndarray) -> None:
+  """Rule 2: the masks nest, PAD rows are empty, real rows have a prompt."""
+  mask, ctx = a['response_mask'], a['context_mask']
   _fail('response_mask', (mask & ~ctx).any(1), 'response_mask ⊆ context_mask')
   pad_masks = a['prompt_mask'].any(1) | ctx.any(1) | mask.any(1)
   _fail('prompt_mask', pad & pad_masks, 'PAD rows have all masks False')
@@ -104,7 +115,15 @@ def validate_rollout_batch(batch: RolloutBatch, cfg: ValidationConfig):
     ~pad & ~a['prompt_mask'].any(1),
     'every non-PAD row has a prompt token',
   )
-  # 3-5. Log-probs.
+
+
+def _check_logprobs(
+  batch: RolloutBatch,
+  cfg: ValidationConfig,
+  mask: np.ndarray,
+  bt: tuple[int, int],
+) -> None:
+  """Rules 3-5: the log-probs the configured mode needs, finite and <= 0."""
   logp = None
   if cfg.logprob_mode not in LOGPROB_MODES:
     raise ValueError(
@@ -138,7 +157,13 @@ def validate_rollout_batch(batch: RolloutBatch, cfg: ValidationConfig):
         (mask & (trunc < logp - _LOGP_TOL)).any(1),
         '>= rollout_logp - 1e-6 on response_mask',
       )
-  # 6. Sampling parameters equal the configured ones.
+
+
+def _check_sampling_and_groups(
+  a: dict[str, np.ndarray], cfg: ValidationConfig, pad: np.ndarray, b: int
+) -> None:
+  """Rules 6-7: sampling parameters as configured; groups in range and no
+  larger than samples_per_prompt."""
   for name in ('temperature', 'top_k', 'top_p', 'min_p'):
     want = getattr(cfg, name)
     _fail(name, ~pad & (a[name] != want), f'equals the configured {want}')
@@ -154,7 +179,13 @@ def validate_rollout_batch(batch: RolloutBatch, cfg: ValidationConfig):
     live & (counts[np.clip(gid, 0, b - 1)] > cfg.samples_per_prompt),
     f'at most samples_per_prompt={cfg.samples_per_prompt} members per group',
   )
-  # 8. Versions and token ids.
+
+
+def _check_versions_and_ids(
+  a: dict[str, np.ndarray], cfg: ValidationConfig
+) -> None:
+  """Rule 8: policy versions in range; token ids inside the vocabulary."""
+  mask, ctx = a['response_mask'], a['context_mask']
   ver = a['policy_version']
   bad_ver = mask & (ver < 0)
   if cfg.trainer_version is not None:
@@ -170,9 +201,6 @@ def validate_rollout_batch(batch: RolloutBatch, cfg: ValidationConfig):
       (m & ((tok < 0) | (tok >= cfg.vocab_size))).any(1),
       f'token ids in [0, {cfg.vocab_size})',
     )
-  # 9. Replay: the engine's kept sets (rollout/kept_set.py).
-  if cfg.logprob_mode == 'replay':
-    _check_replay(batch, cfg, a['response_tokens'], mask)
 
 
 def _check_replay(batch, cfg, response_tokens, mask):

@@ -240,7 +240,32 @@ def rollout_metrics(
     m[f'rollout/finish_{reason}_fraction'] = avg(
       float((finish == code).sum() / n)
     )
+  if batch.kept_count is not None:
+    m.update(_replay_metrics(batch, mask & real[:, None]))
   return m
+
+
+def _replay_metrics(batch: RolloutBatch, mask: np.ndarray) -> Metrics:
+  """`replay/` metrics of a batch with kept sets (logprob_mode='replay'):
+  the sampler's kept mass Z_t = μ_full(y) / μ_K(y) (the probability mass of
+  K_t ∪ {y} under the engine's full distribution), the set sizes, and the
+  fraction of tokens whose set was wider than the capacity."""
+  full = np.asarray(batch.rollout_logp, np.float64)
+  trunc = np.asarray(batch.rollout_logp_truncated, np.float64)
+  z = np.exp(np.where(mask, full - trunc, 0.0))[mask]
+  size = np.asarray(batch.kept_count, np.float64)[mask]
+  capped = np.asarray(batch.kept_capped, bool)[mask]
+  if not z.size:
+    z = size = np.zeros(1)
+    capped = np.zeros(1, bool)
+  avg, hi, lo = Metric.avg, Metric.max, Metric.min
+  return {
+    'replay/kept_mass_mean': avg(float(z.mean())),
+    'replay/kept_mass_min': lo(float(z.min())),
+    'replay/set_size_mean': avg(float(size.mean())),
+    'replay/set_size_max': hi(float(size.max())),
+    'replay/capped_fraction': avg(float(capped.mean())),
+  }
 
 
 def to_device(mesh: Any, batch: Batch) -> Batch:
