@@ -353,51 +353,9 @@ def rollout_correction(
   if version_gap is not None:
     mk.check_shapes({'version_gap': version_gap, 'mask': mask})
     metrics.update(cm.version_gap_metrics(r, m, version_gap, gap_buckets))
-  keep = jnp.ones(m.shape, bool)
 
-  weights = None
-  if cfg.is_level is not None:
-    ell = {
-      'token': None,
-      'sequence': seq_log_ratio,
-      'geometric': mk.safe_div(seq_log_ratio, n),  # G_i
-    }[cfg.is_level]
-    raw = raw_is_weights(r, ell, m)
-    w = bound_is_weights(raw, m, cfg.is_mode, cfg.is_upper, cfg.lower)
-    metrics.update(
-      cm.is_metrics(
-        raw,
-        w,
-        ell,
-        m,
-        n,
-        mode=cfg.is_mode,
-        upper=cfg.is_upper,
-        lower=cfg.lower,
-      )
-    )
-    weights = w
-    if cfg.is_batch_normalize:
-      weights, factor = batch_normalize(
-        w, m, valid, token_level=cfg.is_level == 'token'
-      )
-      metrics['rollout_is_batch_norm_factor'] = factor
-
-  if cfg.rs:
-    bkl = None
-    if any(c.endswith('_bkl') for c in cfg.rs):
-      bkl = correction_reject.kpop_statistic(train, rollout, m)
-    keep_rs, rs_metrics = rejection(r, m, n, cfg, bkl)
-    keep = keep & keep_rs
-    metrics.update(rs_metrics)
-  for tau, high in ((cfg.veto_low, False), (cfg.veto_high, True)):
-    if tau is not None:
-      cat, vetoed = veto(r, m, tau, high)
-      keep = keep & ~vetoed[:, None]
-      metrics.update(
-        cm.veto_metrics(cat, vetoed, m, valid, high=high, dtype=dtype)
-      )
-
+  weights = _is_weights(r, seq_log_ratio, m, n, valid, cfg, metrics)
+  keep = _keep_mask(r, train, rollout, m, n, valid, cfg, metrics, dtype)
   out_mask = m & keep
   if weights is None:
     weights = jnp.ones(m.shape, dtype)
@@ -413,3 +371,58 @@ def rollout_correction(
   )
   metrics = {METRIC_PREFIX + k: v for k, v in sorted(metrics.items())}
   return jax.lax.stop_gradient(Correction(weights, out_mask, metrics))
+
+
+def _is_weights(r, seq_log_ratio, m, n, valid, cfg, metrics):
+  """The bounded (and optionally batch-normalised) IS weights of
+  `cfg.is_level`, None when it is None; adds the IS metrics to `metrics`
+  (docs/math/correction.md §4)."""
+  if cfg.is_level is None:
+    return None
+  ell = {
+    'token': None,
+    'sequence': seq_log_ratio,
+    'geometric': mk.safe_div(seq_log_ratio, n),  # G_i
+  }[cfg.is_level]
+  raw = raw_is_weights(r, ell, m)
+  w = bound_is_weights(raw, m, cfg.is_mode, cfg.is_upper, cfg.lower)
+  metrics.update(
+    cm.is_metrics(
+      raw,
+      w,
+      ell,
+      m,
+      n,
+      mode=cfg.is_mode,
+      upper=cfg.is_upper,
+      lower=cfg.lower,
+    )
+  )
+  weights = w
+  if cfg.is_batch_normalize:
+    weights, factor = batch_normalize(
+      w, m, valid, token_level=cfg.is_level == 'token'
+    )
+    metrics['rollout_is_batch_norm_factor'] = factor
+  return weights
+
+
+def _keep_mask(r, train, rollout, m, n, valid, cfg, metrics, dtype):
+  """The rejection-sampling and veto keep mask `[B, T]`; adds their metrics
+  to `metrics` (docs/math/correction.md §4)."""
+  keep = jnp.ones(m.shape, bool)
+  if cfg.rs:
+    bkl = None
+    if any(c.endswith('_bkl') for c in cfg.rs):
+      bkl = correction_reject.kpop_statistic(train, rollout, m)
+    keep_rs, rs_metrics = rejection(r, m, n, cfg, bkl)
+    keep = keep & keep_rs
+    metrics.update(rs_metrics)
+  for tau, high in ((cfg.veto_low, False), (cfg.veto_high, True)):
+    if tau is not None:
+      cat, vetoed = veto(r, m, tau, high)
+      keep = keep & ~vetoed[:, None]
+      metrics.update(
+        cm.veto_metrics(cat, vetoed, m, valid, high=high, dtype=dtype)
+      )
+  return keep
