@@ -80,6 +80,16 @@ Rule = Callable[[Any, str], Any]
 already names `path`)."""
 
 
+def check(rule: Rule, value: Any, path: str) -> Any:
+  """`rule(value, path)` for a value outside any dataclass (a constructor
+  argument, a task field read before its section is built): `Invalid`
+  becomes `fail`'s ValueError naming `path`."""
+  try:
+    return rule(value, path)
+  except Invalid as e:
+    fail(path, value, e.allowed, e.why)
+
+
 def setting(
   default: Any, rule: Rule | None, doc: str, *, cli: Any = dataclasses.MISSING
 ) -> Any:

@@ -22,6 +22,8 @@ from typing import Any, overload
 
 import numpy as np
 
+from jaxcorr.config import fields
+
 OPS = '+-*'
 
 _PAD, _BOS, _EOS = '<pad>', '<bos>', '<eos>'
@@ -114,19 +116,8 @@ class CharTokenizer:
 
 def _check_task(seed: Any, max_operand: Any, ops: Any) -> None:
   """The arithmetic fields of config.data (same rules as DataConfig)."""
-  if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-    raise ValueError(
-      f'config.data.seed: invalid value {seed!r}; allowed: an int >= 0'
-    )
-  if (
-    isinstance(max_operand, bool)
-    or not isinstance(max_operand, int)
-    or max_operand < 1
-  ):
-    raise ValueError(
-      f'config.data.max_operand: invalid value {max_operand!r}; allowed: '
-      'an int >= 1'
-    )
+  fields.check(fields.integer(0), seed, 'config.data.seed')
+  fields.check(fields.integer(1), max_operand, 'config.data.max_operand')
   if not isinstance(ops, str) or not ops or set(ops) - set(OPS):
     raise ValueError(
       f'config.data.ops: invalid value {ops!r}; allowed: a non-empty string '

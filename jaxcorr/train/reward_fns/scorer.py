@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxcorr.config import fields
 from jaxcorr.train.reward_fns.registry import _SPEC, REWARDS
 from jaxcorr.train.reward_fns.workers import Task, WorkerPool
 
@@ -147,15 +148,7 @@ class RewardScorer:
     self.step_budget_s = _positive_or_none(
       'config.reward.step_budget_s', step_budget_s
     )
-    if (
-      isinstance(max_workers, bool)
-      or not isinstance(max_workers, int)
-      or max_workers < 1
-    ):
-      raise ValueError(
-        f'RewardScorer max_workers: invalid value {max_workers!r}; allowed: '
-        'an int >= 1'
-      )
+    fields.check(fields.integer(1), max_workers, 'RewardScorer max_workers')
     self.names = tuple(names)
     self.weights = np.asarray(weights, np.float64)
     self._fns = tuple(REWARDS[n] for n in names)
