@@ -113,9 +113,10 @@ class Trainer:
     )
     self.engine = self._engine(self.rollout_mesh)
     self.stage = RolloutStage(run, self.engine, self.tokenizer, scorer)
-    # Async mode: the producer owns its engine, so evaluation (trainer
-    # thread, current weights) gets its own on the trainer's devices.
-    if run.rollout.mode == 'async':
+    # Async and stream modes: the producer owns its engine, so evaluation
+    # (trainer thread, current weights) gets its own on the trainer's
+    # devices.
+    if run.rollout.mode != 'sync':
       eval_stage = RolloutStage(
         run, self._engine(self.mesh), self.tokenizer, scorer
       )

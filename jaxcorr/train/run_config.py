@@ -223,17 +223,50 @@ class RolloutConfig:
   )
   mode: str = setting(
     'sync',
-    one_of('sync', 'async'),
-    "'sync' (rollout with the current weights, then train) or 'async' (a "
-    'producer thread on its own devices, bounded staleness).',
+    one_of('sync', 'async', 'stream'),
+    "'sync' (rollout with the current weights, then train), 'async' (a "
+    'producer thread samples batch s with the weights of step s - '
+    "max_staleness) or 'stream' (continuous decoding across batches; new "
+    'weights enter the engine between decode chunks, mid-sequence: '
+    'docs/async.md).',
+  )
+  weight_sync: str = setting(
+    'latest',
+    one_of('latest', 'scheduled'),
+    'stream: at a chunk boundary the engine takes the newest published '
+    "weights ('latest', PipelineRL; timing decides which tokens each "
+    'version samples) or exactly version max(start, batches done - 1) '
+    "('scheduled': reproducible, waits for it; staleness_policy='wait').",
+  )
+  kv_on_update: str = setting(
+    'keep',
+    one_of('keep', 'recompute'),
+    'stream: after a weight update, in-flight rows attend to the KV cache '
+    "their older weights wrote ('keep', PipelineRL) or the engine "
+    "recomputes it under the new weights first ('recompute': one forward "
+    'over every live row).',
+  )
+  staleness_policy: str = setting(
+    'wait',
+    one_of('wait', 'drop', 'mask'),
+    "'wait': the producer waits for the weights a batch needs, so no token "
+    "is older than max_staleness versions; stream only: 'drop' (never "
+    'wait; a row with a token older than that leaves the loss) or '
+    "'mask' (never wait; only those tokens leave the loss).",
   )
   rollout_devices: int = setting(
     0,
     _NAT,
-    'async: devices of the rollout sub-mesh (the rest train); 0 shares the '
+    'async, stream: devices of the rollout sub-mesh (the rest train); 0 '
+    'shares the '
     "trainer's devices.",
   )
-  queue_size: int = setting(1, _POS, 'async: batches waiting in the queue.')
+  queue_size: int = setting(
+    1,
+    _POS,
+    'async: batches waiting in the queue; stream (drop, mask): batches '
+    'decoded ahead of the one the trainer is on.',
+  )
   max_staleness: int | None = setting(
     None,
     optional(_NAT, 'unlimited; sync mode only'),
@@ -254,12 +287,26 @@ class RolloutConfig:
 
   def __post_init__(self):
     p = validate(self)
-    if self.mode == 'async' and self.max_staleness is None:
+    if self.mode != 'sync' and self.max_staleness is None:
       fail(
         f'{p}.max_staleness',
         None,
-        "an int >= 0 with rollout.mode='async' (the producer may not run "
-        'further ahead than this many policy versions)',
+        f'an int >= 0 with rollout.mode={self.mode!r} (the producer may '
+        'not run further ahead than this many policy versions)',
+      )
+    if self.staleness_policy != 'wait' and self.mode != 'stream':
+      fail(
+        f'{p}.staleness_policy',
+        self.staleness_policy,
+        f"'wait' with rollout.mode={self.mode!r} ('drop' and 'mask' need "
+        "mode='stream', the only producer that runs ahead of the weights)",
+      )
+    if self.weight_sync == 'scheduled' and self.staleness_policy != 'wait':
+      fail(
+        f'{p}.weight_sync',
+        self.weight_sync,
+        "'latest' with staleness_policy="
+        f"{self.staleness_policy!r} ('scheduled' waits for each version)",
       )
 
   @property

@@ -44,7 +44,7 @@ def split_devices(
   run: run_lib.RunConfig, devices: list[Any]
 ) -> tuple[list[Any], list[Any] | None]:
   """(trainer devices, rollout devices or None = shared)."""
-  k = run.rollout.rollout_devices if run.rollout.mode == 'async' else 0
+  k = run.rollout.rollout_devices if run.rollout.mode != 'sync' else 0
   if k == 0:
     return devices, None
   if k >= len(devices):
