@@ -6,6 +6,9 @@
     insert(prefix, state, slots [M])
         scatter each request's prompt KV into its slot (per layer, in
         place; slot N = dropped, so M pads to a fixed size)
+    refill(state, context [N, L], live [N])
+        recompute the KV of the live slots' contexts under new weights
+        (an in-flight weight update with kv_on_update='recompute')
     step(state)            one token for every slot (JetStream `generate`)
     decode_chunk(state)    up to C steps in one `lax.while_loop`: sample,
                            both log-probs, stop tokens and length limits on
@@ -133,6 +136,34 @@ def insert(prefix, state, slots, limit, stop_ids) -> DecodeState:
     sampling=put(state.sampling, prefix.sampling),
     limit=put(state.limit, limit),
     active=put(state.active, live),
+  )
+
+
+def refill(graphdef, params, state, context, live) -> DecodeState:
+  """context [N, L] right-padded (each live slot's prompt and sampled
+  tokens but the newest, which has no cache entry yet: `cache.index`
+  tokens), live [N] bool -> the state with those slots' cache positions
+  [0, L) recomputed by the model `params` hold; other slots unchanged.
+
+  One forward like `prefill`: causal attention makes the right padding
+  invisible to the real positions, and decoding overwrites it."""
+  model = nnx.merge(graphdef, params)
+  n, length = context.shape
+  fresh = model.init_cache(n, length).replace(segment_ids=None)
+  _, fresh = model.hidden_states(context, cache=fresh)
+  keep = live[:, None, None, None]
+
+  def put(dst, new):
+    old = dst[:, :, :length]
+    return dst.at[:, :, :length].set(
+      jnp.where(keep, new.astype(dst.dtype), old)
+    )
+
+  cache = state.cache
+  return state.replace(
+    cache=cache.replace(
+      k=tuple(map(put, cache.k, fresh.k)), v=tuple(map(put, cache.v, fresh.v))
+    )
   )
 
 

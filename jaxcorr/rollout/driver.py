@@ -16,23 +16,22 @@ fold_in(fold_in(PRNGKey(seed), first_prompt + i), s): its tokens depend
 neither on the slot it lands in nor on the other requests, so any slot count
 gives the same batch, and a host sampling its share of a global batch
 (`first_prompt` = the global index of its first prompt) draws what one host
-sampling the whole batch would. The host syncs once per chunk; a chunk's
-tokens all carry the policy version of its dispatch (weights change only
-between dispatches).
+sampling the whole batch would. The continuous batching itself (slots,
+chunks, shrinking, in-flight weight swaps) is `decoder.Decoder`; the host
+syncs once per chunk, and a chunk's tokens all carry the policy version of
+its dispatch (weights change only between dispatches).
 """
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Sequence
 
 import jax
 import numpy as np
 
+from jaxcorr.rollout.decoder import Decoder, Request
 from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
-from jaxcorr.rollout.types import FinishReason, RolloutBatch
-
-_MIN_ROWS = 8  # the smallest batch `_shrink` makes
+from jaxcorr.rollout.types import RolloutBatch
 
 
 def check_requests(
@@ -58,29 +57,6 @@ def check_requests(
       )
     if min(p) < 0 or max(p) >= vocab:
       raise ValueError(f'prompt {i} has token ids outside [0, {vocab})')
-
-
-class _Request:
-  """Host-side record of one request being decoded."""
-
-  def __init__(self, row: int, group: int, sample: int):
-    self.row, self.group, self.sample = row, group, sample
-    self.tokens: list[int] = []
-    self.logp: list[float] = []
-    self.logp_truncated: list[float] = []
-    self.versions: list[int] = []
-    self.kept: list[tuple] = []  # (ids [n, C], count [n], capped [n])
-    self.finish = FinishReason.LENGTH
-
-  def add(self, tokens, logp, logp_t, version, kept=None) -> None:
-    """Append sampled tokens (host arrays of one length; kept: their
-    `KeptSet` or None)."""
-    if kept is not None:
-      self.kept.append((kept.ids, kept.count, kept.capped))
-    self.tokens.extend(np.asarray(tokens).tolist())
-    self.logp.extend(np.asarray(logp).tolist())
-    self.logp_truncated.extend(np.asarray(logp_t).tolist())
-    self.versions.extend([version] * len(tokens))
 
 
 def _request_keys(seed: int, first_prompt: int, prompts: int, samples: int):
@@ -117,120 +93,29 @@ def generate(
   if num_samples < 1:
     raise ValueError(f'num_samples must be >= 1, got {num_samples}')
   sp = SamplingParams(temperature, top_k, top_p, min_p)
-  stop = frozenset(int(t) for t in stop_token_ids)
-  stop_arr = engine.stop_array(stop)
+  decoder = Decoder(
+    engine, sp=sp, max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids
+  )
   keys = _request_keys(seed, first_prompt, len(prompts), num_samples)
-  queue = collections.deque(
-    _Request(i * num_samples + s, i, s)
-    for i in range(len(prompts))
-    for s in range(num_samples)
-  )
-  n = engine.max_concurrent_decodes
-  chunk = engine.decode_chunk_steps
-  done: list[_Request] = []
-  slots: list[_Request | None] = [None] * n
-  state = engine.init_decode_state()
-  while queue or any(r is not None for r in slots):
-    free = [i for i, r in enumerate(slots) if r is None]
-    admitted, first = [], None
-    if free and queue:
-      reqs = [queue.popleft() for _ in range(min(len(free), len(queue)))]
-      admitted = list(zip(free, reqs))
-      state, first = _admit(
-        engine, state, prompts, admitted, keys, sp, max_new_tokens, stop_arr
-      )
-      for slot, req in admitted:
-        slots[slot] = req
-    if not queue:
-      state, slots = _shrink(engine, state, slots)
-    if queue:  # stop once 1/8 of the slots are free, to refill them
-      exit_active = n - max(1, n // 8)
-    elif len(slots) // 2 >= _MIN_ROWS:  # stop at half, to shrink the batch
-      exit_active = len(slots) // 2
-    else:
-      exit_active = 0
-    version = engine.policy_version
-    reach = _reach(slots, prompts, max_new_tokens, chunk)
-    state, out = engine.decode_chunk(
-      state,
-      stop_arr,
-      exit_active=exit_active,
-      attend_len=engine.attend_bucket(reach),
-    )
-    out, first = jax.device_get((out, first))  # the one sync per chunk
-    for m, (_, req) in enumerate(admitted):
-      sl = slice(m, m + 1)
-      kept = _rows(first.kept, sl)
-      req.add(
-        first.token[sl], first.logp[sl], first.logp_truncated[sl], version,
-        kept,
-      )  # fmt: skip
-    for slot, req in enumerate(slots):
-      if req is None:
-        continue
-      k = out.counts[slot]
-      kept = _rows(out.kept, (slot, slice(0, k)))
-      req.add(
-        out.tokens[slot, :k], out.logp[slot, :k],
-        out.logp_truncated[slot, :k], version, kept,
-      )  # fmt: skip
-      if not out.active[slot]:
-        if req.tokens[-1] in stop:
-          req.finish = FinishReason.STOP
-        done.append(req)
-        slots[slot] = None
+  prompts = [list(p) for p in prompts]  # one list per prompt: shared prefill
+  for i, prompt in enumerate(prompts):
+    for s in range(num_samples):
+      row = i * num_samples + s
+      decoder.submit(Request(row, i, s, prompt, keys[row]))
+  done: list[Request] = []
+  while decoder.busy:
+    done += decoder.advance(final=True)
   done.sort(key=lambda r: r.row)
-  return _to_batch(engine, prompts, done, max_new_tokens, sp)
+  return to_batch(engine, done, max_new_tokens, sp)
 
 
-def _admit(engine, state, prompts, admitted, keys, sp, limit, stop_arr):
-  """Prefill the prompts of the `admitted` (slot, request) pairs once each
-  and insert every request into its slot."""
-  groups = list(dict.fromkeys(req.group for _, req in admitted))
-  where = {g: i for i, g in enumerate(groups)}
-  prefix = engine.prefill_batch(
-    engine.params,
-    [prompts[g] for g in groups],
-    [where[req.group] for _, req in admitted],
-    keys[[req.row for _, req in admitted]],
-    sp,
-  )
-  state = engine.insert_batch(
-    prefix,
-    state,
-    [slot for slot, _ in admitted],
-    [limit] * len(admitted),
-    stop_arr,
-  )
-  return state, prefix
-
-
-def _shrink(engine, state, slots):
-  """Once no request waits, move the live rows into a batch of the next
-  power of two (>= _MIN_ROWS) when that halves it at least: a decode step
-  costs about its row count, and late in a batch most rows are done."""
-  live = [i for i, r in enumerate(slots) if r is not None]
-  size = max(_MIN_ROWS, 1 << max(len(live) - 1, 0).bit_length())
-  if size > len(slots) // 2:
-    return state, slots
-  free = [i for i, r in enumerate(slots) if r is None]
-  rows = live + free[: size - len(live)]
-  return engine.compact(state, rows), [slots[i] for i in rows]
-
-
-def _reach(slots, prompts, limit, chunk) -> int:
-  """Cache slots a live row may touch in the next chunk: prompt + tokens
-  so far (the newest has no cache entry yet) + up to `chunk` more."""
-  return max(
-    len(prompts[r.group]) + min(limit, max(len(r.tokens), 1) + chunk) - 1
-    for r in slots
-    if r is not None
-  )
-
-
-def _to_batch(engine, prompts, done, t, sp) -> RolloutBatch:
+def to_batch(
+  engine: PolicyEngine, done: Sequence[Request], t: int, sp: SamplingParams
+) -> RolloutBatch:
+  """Finished requests (row i at position i) -> a host `RolloutBatch` with
+  P = the longest prompt and T = t response positions."""
   b = len(done)
-  p = max(len(q) for q in prompts)
+  p = max(len(r.prompt) for r in done)
   prompt_tokens = np.zeros((b, p), np.int32)
   prompt_mask = np.zeros((b, p), bool)
   response = np.zeros((b, t), np.int32)
@@ -239,7 +124,7 @@ def _to_batch(engine, prompts, done, t, sp) -> RolloutBatch:
   logp_t = np.zeros((b, t), np.float32)
   version = np.full((b, t), -1, np.int32)
   for r in done:
-    q = prompts[r.group]
+    q = r.prompt
     prompt_tokens[r.row, p - len(q) :] = q  # left-padded
     prompt_mask[r.row, p - len(q) :] = True
     n = len(r.tokens)
@@ -285,8 +170,3 @@ def _kept_fields(done, b, t, c) -> dict:
     count[r.row, :n] = np.concatenate([k[1] for k in r.kept])
     capped[r.row, :n] = np.concatenate([k[2] for k in r.kept])
   return {'kept_ids': ids, 'kept_count': count, 'kept_capped': capped}
-
-
-def _rows(kept, index):
-  """`kept[index]` on every field of a host `KeptSet`, or None."""
-  return None if kept is None else jax.tree.map(lambda x: x[index], kept)

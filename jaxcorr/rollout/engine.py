@@ -172,6 +172,9 @@ class PolicyEngine(engine_api.Engine):
       functools.partial(self._generate_fn, g), donate_argnums=(1,)
     )
     self._compact_jit = jax.jit(_take_rows)
+    self._refill_jit = jax.jit(
+      functools.partial(decode.refill, g), donate_argnums=(1,)
+    )
     self._chunk_jit = jax.jit(
       functools.partial(decode.decode_chunk, g, kept_capacity=kept),
       donate_argnums=(1,),
@@ -221,6 +224,7 @@ class PolicyEngine(engine_api.Engine):
         self._generate_jit,
         self._chunk_jit,
         self._compact_jit,
+        self._refill_jit,
       )
     )
 
@@ -421,6 +425,29 @@ class PolicyEngine(engine_api.Engine):
       raise ValueError(f'rows {list(rows)} must be non-empty, in [0, {n})')
     return self._compact_jit(
       decode_state, *self._replicate(jnp.asarray(rows, jnp.int32))
+    )
+
+  def refresh_cache(
+    self, decode_state: DecodeState, contexts: Sequence[Sequence[int] | None]
+  ) -> DecodeState:
+    """Recompute the KV cache of in-flight slots under the current weights
+    (`decode.refill`): contexts[n] is slot n's prompt plus its sampled
+    tokens but the newest (its `cache.index` tokens), None for a slot
+    whose cache stays. One compilation per attention bucket."""
+    n = decode_state.tokens.shape[0]
+    if len(contexts) != n:
+      raise ValueError(f'{len(contexts)} contexts for {n} slots')
+    longest = max((len(c) for c in contexts if c), default=0)
+    if not longest:
+      return decode_state
+    tokens = np.zeros((n, self.attend_bucket(longest)), np.int32)
+    live = np.zeros((n,), bool)
+    for i, c in enumerate(contexts):
+      if c:
+        tokens[i, : len(c)] = c
+        live[i] = True
+    return self._refill_jit(
+      self.params, decode_state, *self._replicate(tokens, live)
     )
 
   def attend_bucket(self, longest: int) -> int:
