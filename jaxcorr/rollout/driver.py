@@ -59,7 +59,7 @@ def check_requests(
       raise ValueError(f'prompt {i} has token ids outside [0, {vocab})')
 
 
-def _request_keys(seed: int, first_prompt: int, prompts: int, samples: int):
+def request_keys(seed: int, first_prompt: int, prompts: int, samples: int):
   """[prompts * samples, 2] uint32 on the host: row i * samples + s is
   fold_in(fold_in(PRNGKey(seed), first_prompt + i), s)."""
   fold = jax.vmap(jax.random.fold_in, in_axes=(None, 0))
@@ -96,7 +96,7 @@ def generate(
   decoder = Decoder(
     engine, sp=sp, max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids
   )
-  keys = _request_keys(seed, first_prompt, len(prompts), num_samples)
+  keys = request_keys(seed, first_prompt, len(prompts), num_samples)
   prompts = [list(p) for p in prompts]  # one list per prompt: shared prefill
   for i, prompt in enumerate(prompts):
     for s in range(num_samples):

@@ -9,7 +9,9 @@
 
 `SyncRollouts` samples each batch on the trainer's thread with the current
 weights (staleness 0). `AsyncRollouts` (jaxcorr/train/async_rollout.py)
-samples ahead in a producer thread with a fixed lag. Either way the source
+samples ahead in a producer thread with a fixed lag; `StreamRollouts`
+(jaxcorr/train/stream_rollout.py) decodes continuously and takes new weights
+between decode chunks, while sequences are in flight. Either way the source
 owns the prompt loader from `start` on, and each `Scored` carries the
 loader's state after its draw: what a checkpoint taken after training on it
 records.
@@ -26,6 +28,7 @@ from jaxcorr.train.data import PromptLoader
 from jaxcorr.train.reduction import Metric, Metrics
 from jaxcorr.train.rollout_stage import RolloutStage, Scored
 from jaxcorr.train.run_config import RunConfig
+from jaxcorr.train.stream_rollout import StreamRollouts
 
 
 class RolloutSource(Protocol):
@@ -89,6 +92,10 @@ def make_rollouts(
   """The source `rollout.mode` asks for, producing steps
   `start .. train.num_steps - 1`."""
   r = run.rollout
+  if r.mode == 'stream':
+    return StreamRollouts(
+      run, stage, loader, weights, start=start, num_steps=run.train.num_steps
+    )
   if r.mode == 'async':
     return AsyncRollouts(
       stage,

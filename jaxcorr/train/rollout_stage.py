@@ -161,21 +161,41 @@ class RolloutStage:
       seed=step_seed(self.run.train.seed, step),
       first_prompt=first_prompt,
     )
+    return self.score(
+      examples, batch, step=step, rollout_s=time.perf_counter() - t0
+    )
+
+  def score(
+    self,
+    examples: Sequence[Example],
+    batch: RolloutBatch,
+    *,
+    step: int,
+    rollout_s: float,
+  ) -> Scored:
+    """Rewards for a batch sampled from `examples` (its rows in order, the
+    samples of a prompt adjacent); `rollout_s`: the sampling time."""
     t1 = time.perf_counter()
+    n = batch.batch_size // len(examples)
     answers = [ex.answer for ex in examples for _ in range(n)]
     rewards, scores = self.scorer.score(self.responses(batch), answers)
     metrics = {
       k: Metric.sum(v) if k in _REWARD_COUNTS else Metric.avg(v)
       for k, v in scores.items()
     }
-    metrics['time/rollout'] = Metric.avg(t1 - t0)
+    metrics['time/rollout'] = Metric.avg(rollout_s)
     metrics['time/reward'] = Metric.avg(time.perf_counter() - t1)
+    mask = np.asarray(batch.response_mask, bool)
+    version = np.asarray(batch.policy_version)[mask]
     return Scored(
       step=step,
       batch=batch,
       rewards=np.asarray(rewards, np.float32),
       metrics=metrics,
-      version=self.engine.policy_version,
+      # The newest weights that sampled any of its tokens.
+      version=int(version.max())
+      if version.size
+      else self.engine.policy_version,
     )
 
   def evaluate(self, examples: Sequence[Example], *, step: int) -> Metrics:

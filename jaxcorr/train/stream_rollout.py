@@ -1,0 +1,300 @@
+"""Streaming rollouts: continuous decoding across batches, weights swapped
+into the engine between decode chunks while sequences are in flight.
+
+    producer thread, one loop per decode chunk:
+      weights   take a published version (`rollout.weight_sync`), with the
+                live rows' KV kept or recomputed (`rollout.kv_on_update`)
+      submit    draw d's prompts (all samples) once the draw window and
+                the staleness bound allow it
+      advance   one chunk (`rollout.decoder.Decoder`); rows finish
+      emit      draw e's batch once all its rows finished, in draw order:
+                score it and hand it to the trainer (bounded queue)
+    trainer:    next() -> batch s (= draw s) ── update ── publish(s + 1)
+
+Batch s holds exactly the prompts of draw s (the loader's s-th batch),
+whatever finishes first: taking rows in completion order would favour short
+responses, and a fixed draw order keeps the data order and the resume
+position of a sync run. Its rows may have been sampled by several versions:
+each token records the one that sampled it, and since batch s trains at
+trainer version s, a token's staleness is s minus its version.
+
+The staleness bound L = `rollout.max_staleness` (`rollout.staleness_policy`):
+
+* 'wait': draw d is submitted only once the engine holds version >= d - L,
+  and versions only grow, so every token's staleness is <= L; the engine
+  waits for the trainer when it is that far ahead.
+* 'drop' / 'mask': the engine never waits for weights; the trainer drops the
+  rows (or masks the tokens) staler than L (jaxcorr/train/batch.py).
+
+Draws run at most `rollout.queue_size` ahead of the oldest unfinished one,
+and finished batches wait in a queue of that size.
+
+`weight_sync='latest'` swaps in the newest published version at each chunk
+boundary (PipelineRL); where the swaps fall depends on thread timing.
+`'scheduled'` makes them a function of the producer's own progress: before
+each chunk the engine holds exactly version max(start, e - min(L, 1)), e =
+batches finished so far, waiting for it to be published. Decoding is
+deterministic, so the whole stream (tokens, versions, log-probs) is
+reproducible run to run.
+
+Resume: a checkpoint after step s records the loader state after draw s,
+so a resumed run draws the same prompts from s + 1 on. Rows in flight at
+the checkpoint are not saved: they are sampled again from their first
+token, under the resumed weights, so the batches after a resume differ in
+their tokens (not their prompts) from an uninterrupted run (docs/async.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from jaxcorr.rollout import driver
+from jaxcorr.rollout.decoder import Decoder, Request
+from jaxcorr.rollout.engine import SamplingParams
+from jaxcorr.train.reduction import Metric, Metrics
+from jaxcorr.train.rollout_stage import RolloutStage, Scored, step_seed
+from jaxcorr.train.run_config import RunConfig
+
+_POLL_S = 0.05
+
+
+@dataclasses.dataclass
+class _Draw:
+  """One loader batch in flight: its prompts, requests and timings."""
+
+  step: int
+  examples: list
+  loader_state: dict
+  pending: int  # requests not finished yet
+  done: list = dataclasses.field(default_factory=list)
+  t_submit: float = 0.0
+  swaps: int = 0  # weight swaps while its rows were in flight
+  sync_s: float = 0.0  # time spent swapping them in
+
+
+class StreamRollouts:
+  """Producer of `Scored` batches `start .. num_steps - 1` (module doc); a
+  `rollout_source.RolloutSource`.
+
+  Args:
+    run: the run config (rollout.* knobs, train.seed).
+    stage: generation and scoring (owns the engine).
+    loader: the prompt loader; only the producer draws from it.
+    weights: () -> a copy of the trainer's current weights.
+    start: the first step to produce (the resumed step).
+    num_steps: one past the last step.
+  """
+
+  def __init__(
+    self,
+    run: RunConfig,
+    stage: RolloutStage,
+    loader: Any,
+    weights: Callable[[], Any],
+    *,
+    start: int,
+    num_steps: int,
+  ):
+    r = run.rollout
+    self.run, self.stage, self.loader = run, stage, loader
+    self.weights = weights
+    self.start, self.num_steps = start, num_steps
+    self.lag, self.ahead = r.max_staleness, r.queue_size
+    self.wait_for_weights = r.staleness_policy == 'wait'
+    self.scheduled = r.weight_sync == 'scheduled'
+    self.recompute = r.kv_on_update == 'recompute'
+    sp = SamplingParams(r.temperature, r.top_k, r.top_p, r.min_p)
+    self.decoder = Decoder(
+      stage.engine,
+      sp=sp,
+      max_new_tokens=r.max_new_tokens,
+      stop_token_ids=stage.stop_ids,
+    )
+    self._published = {start: weights()}
+    self._cond = threading.Condition()
+    self._ready: queue.Queue = queue.Queue(maxsize=self.ahead)
+    self._stop = threading.Event()
+    self._error: BaseException | None = None
+    self._idle_s = 0.0  # producer time spent waiting since the last emit
+    self._t_emit = time.perf_counter()
+    self._t_next: float | None = None
+    self._thread = threading.Thread(
+      target=self._run, name='jaxcorr-stream', daemon=True
+    )
+    self._thread.start()
+
+  # ----------------------------------------------------------- trainer
+
+  def next(self) -> Scored:
+    """The next batch, in step order (blocks; re-raises producer errors)."""
+    t0 = time.perf_counter()
+    depth = self._ready.qsize()
+    while True:
+      if self._error is not None:
+        raise RuntimeError('the rollout producer failed') from self._error
+      try:
+        scored = self._ready.get(timeout=_POLL_S)
+        break
+      except queue.Empty:
+        if not self._thread.is_alive() and self._error is None:
+          raise RuntimeError('the rollout producer stopped early') from None
+    now = time.perf_counter()
+    wait = now - t0
+    busy = now - self._t_next if self._t_next is not None else wait
+    self._t_next = now
+    scored.metrics['time/queue_wait'] = Metric.avg(wait)
+    scored.metrics['stream/queue_depth'] = Metric.avg(float(depth))
+    scored.metrics['stream/trainer_idle_fraction'] = Metric.avg(
+      wait / busy if busy > 0 else 0.0
+    )
+    return scored
+
+  def publish(self, version: int) -> Metrics:
+    """Hand the trainer's weights after step `version - 1` to the
+    producer; returns `time/publish`."""
+    t0 = time.perf_counter()
+    params = self.weights()
+    with self._cond:
+      self._published[version] = params
+      self._cond.notify_all()
+    return {'time/publish': Metric.avg(time.perf_counter() - t0)}
+
+  def close(self) -> None:
+    self._stop.set()
+    with self._cond:
+      self._cond.notify_all()
+    self._thread.join(timeout=60)
+
+  # ---------------------------------------------------------- producer
+
+  def _run(self) -> None:
+    try:
+      engine = self.stage.engine
+      engine.update_params(self._published[self.start], version=self.start)
+      draws: collections.OrderedDict[int, _Draw] = collections.OrderedDict()
+      next_draw, emitted = self.start, self.start
+      while emitted < self.num_steps and not self._stop.is_set():
+        self._take_weights(emitted, draws)
+        while self._may_submit(next_draw, emitted):
+          draws[next_draw] = self._submit(next_draw)
+          next_draw += 1
+        if not self.decoder.busy:
+          # Nothing may start before newer weights arrive.
+          self._wait(lambda: self._newest() > engine.policy_version)
+          continue
+        for req in self.decoder.advance():
+          draw = draws[req.tag]
+          draw.done.append(req)
+          draw.pending -= 1
+        while draws and next(iter(draws.values())).pending == 0:
+          self._emit(draws.pop(emitted))
+          emitted += 1
+    except BaseException as e:
+      self._error = e
+
+  def _newest(self) -> int:
+    with self._cond:
+      return max(self._published)
+
+  def _wait(self, ready: Callable[[], bool]) -> None:
+    """Block until `ready()` or close(); the time counts as engine idle."""
+    t0 = time.perf_counter()
+    with self._cond:
+      while not ready() and not self._stop.is_set():
+        self._cond.wait(_POLL_S)
+    self._idle_s += time.perf_counter() - t0
+
+  def _take_weights(self, emitted: int, draws: dict) -> None:
+    """The version for the next chunk (module docstring), swapped in."""
+    engine = self.stage.engine
+    if self.scheduled:
+      target = max(self.start, emitted - min(self.lag, 1))
+      self._wait(lambda: target in self._published)
+    else:
+      target = self._newest()
+    if target <= engine.policy_version or self._stop.is_set():
+      return
+    with self._cond:
+      params = self._published[target]
+      # Older versions are never needed again.
+      for v in [v for v in self._published if v < target]:
+        del self._published[v]
+    t0 = time.perf_counter()
+    self.decoder.swap(params, target, recompute=self.recompute)
+    dt = time.perf_counter() - t0
+    for draw in draws.values():
+      if draw.pending:
+        draw.swaps += 1
+        draw.sync_s += dt
+
+  def _may_submit(self, d: int, emitted: int) -> bool:
+    if d >= self.num_steps or d >= emitted + self.ahead:
+      return False
+    if self.wait_for_weights:
+      return d <= self.stage.engine.policy_version + self.lag
+    return True
+
+  def _submit(self, d: int) -> _Draw:
+    """Draw d's prompts, every sample submitted (keys as in sync mode)."""
+    stage, r = self.stage, self.run.rollout
+    examples = self.loader.next_batch()
+    prompts = stage.encode(examples)
+    n = r.samples_per_prompt
+    keys = driver.request_keys(
+      step_seed(self.run.train.seed, d),
+      jax.process_index() * len(examples),
+      len(prompts),
+      n,
+    )
+    for i, prompt in enumerate(prompts):
+      for s in range(n):
+        row = i * n + s
+        self.decoder.submit(Request(row, i, s, prompt, keys[row], tag=d))
+    return _Draw(
+      step=d,
+      examples=examples,
+      loader_state=self.loader.state(),
+      pending=len(prompts) * n,
+      t_submit=time.perf_counter(),
+    )
+
+  def _emit(self, draw: _Draw) -> None:
+    done = sorted(draw.done, key=lambda q: q.row)
+    r = self.run.rollout
+    sp = self.decoder.sp
+    batch = driver.to_batch(self.stage.engine, done, r.max_new_tokens, sp)
+    scored = self.stage.score(
+      draw.examples,
+      batch,
+      step=draw.step,
+      rollout_s=time.perf_counter() - draw.t_submit,
+    )
+    scored.loader_state = draw.loader_state
+    now = time.perf_counter()
+    span = now - self._t_emit
+    scored.metrics.update(
+      {
+        'time/weight_sync': Metric.avg(draw.sync_s),
+        'stream/swaps_in_flight': Metric.avg(float(draw.swaps)),
+        'stream/engine_idle_fraction': Metric.avg(
+          self._idle_s / span if span > 0 else 0.0
+        ),
+      }
+    )
+    self._idle_s, self._t_emit = 0.0, now
+    t0 = time.perf_counter()
+    while not self._stop.is_set():
+      try:
+        self._ready.put(scored, timeout=_POLL_S)
+        break
+      except queue.Full:
+        continue
+    self._idle_s += time.perf_counter() - t0
