@@ -9,14 +9,9 @@ JetStream's API, one request or one step at a time:
                                           params and RNG key replaced
     generate(params, state)            -> one token for every slot
 
-and the batched, device-resident path `driver.generate` uses:
-
-    prefill_batch(prompts, requests)   -> one forward per prompt, a first
-                                          token per request (samples of a
-                                          prompt share its prefill)
-    insert_batch(prefix, state, slots) -> all requests in one scatter
-    decode_chunk(state, stop_ids)      -> up to `decode_chunk` steps in one
-                                          dispatch (`rollout.decode`)
+and the batched, device-resident path the decoder uses (prefill_batch,
+insert_batch, decode_chunk, compact, refresh_cache), a mixin in
+jaxcorr/rollout/batched.py.
 
 Per-slot positions: the decode state holds one cache array per layer with
 a slot axis ([N, K, T, Dh]) and a write index per slot, and the model's
@@ -36,7 +31,6 @@ data array, so one host copy still carries everything.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -47,6 +41,12 @@ from jetstream.engine import engine_api, tokenizer_pb2
 
 from jaxcorr.model import Transformer
 from jaxcorr.rollout import decode
+from jaxcorr.rollout.batched import (
+  BatchedDecoding,
+  bucket_of,
+  pow2_buckets,
+  take_rows,
+)
 from jaxcorr.rollout.state import (
   Chunk,
   DecodeState,
@@ -70,20 +70,7 @@ __all__ = [
 ]
 
 
-def _pow2_buckets(lo: int, hi: int) -> list[int]:
-  """lo, 2 lo, 4 lo, ... below hi, then hi (a logarithmic number)."""
-  out, b = [], lo
-  while b < hi:
-    out.append(b)
-    b *= 2
-  return [*out, hi]
-
-
-def _bucket(buckets: Sequence[int], n: int) -> int:
-  return next(b for b in buckets if b >= n)
-
-
-class PolicyEngine(engine_api.Engine):
+class PolicyEngine(BatchedDecoding, engine_api.Engine):
   """JetStream engine over a jaxcorr `Transformer` (see module docstring).
 
   Args:
@@ -157,8 +144,8 @@ class PolicyEngine(engine_api.Engine):
     self._shardings = (
       None if mesh is None else param_shardings(abstract_state, mesh)
     )
-    self.buckets = _pow2_buckets(_MIN_BUCKET, max_prefill_length)
-    self.attend_buckets = _pow2_buckets(
+    self.buckets = pow2_buckets(_MIN_BUCKET, max_prefill_length)
+    self.attend_buckets = pow2_buckets(
       min(min_attend_bucket, max_target_length), max_target_length
     )
     g = self._graphdef
@@ -171,7 +158,7 @@ class PolicyEngine(engine_api.Engine):
     self._generate_jit = jax.jit(
       functools.partial(self._generate_fn, g), donate_argnums=(1,)
     )
-    self._compact_jit = jax.jit(_take_rows)
+    self._compact_jit = jax.jit(take_rows)
     self._refill_jit = jax.jit(
       functools.partial(decode.refill, g), donate_argnums=(1,)
     )
@@ -245,7 +232,7 @@ class PolicyEngine(engine_api.Engine):
         f'prompt length {length} must be in [1, max_prefill_length='
         f'{self._max_prefill}]'
       )
-    return _bucket(self.buckets, length)
+    return bucket_of(self.buckets, length)
 
   def pad_prompt(self, prompt: Any) -> tuple[jax.Array, int]:
     """Token ids -> (right-padded [bucket] int32, true length)."""
@@ -292,39 +279,6 @@ class PolicyEngine(engine_api.Engine):
       ),
     )
 
-  def prefill_batch(
-    self,
-    params: nnx.State,
-    prompts: Sequence[Sequence[int]],
-    source: Sequence[int],
-    keys: jax.Array,
-    sampling_params: SamplingParams,
-  ) -> Prefix:
-    """One forward over `prompts` (R token lists, checked by the caller),
-    then a first token for each of M requests: request m draws from prompt
-    `source[m]` with `keys[m]`. Prompts pad to the longest one's bucket and
-    R to a power of two, M to N: one compilation per (bucket, R bucket).
-    """
-    r, m, n = len(prompts), len(source), self._n
-    if not 0 < m <= n:
-      raise ValueError(f'{m} requests: must be in [1, {n}] (the slots)')
-    pb = self.bucket(max(len(p) for p in prompts))
-    rb = _bucket(_pow2_buckets(1, n), r)
-    tokens = np.zeros((rb, pb), np.int32)
-    lengths = np.ones((rb,), np.int32)
-    for i, p in enumerate(prompts):
-      tokens[i, : len(p)] = p
-      lengths[i] = len(p)
-    src = np.zeros((n,), np.int32)
-    src[:m] = source
-    keys = jnp.concatenate(
-      [jnp.asarray(keys, jnp.uint32), jnp.zeros((n - m, 2), jnp.uint32)]
-    )
-    sp = jnp.tile(pack_sampling(sampling_params), (n, 1))
-    return self._prefill_jit(
-      params, *self._replicate(tokens, lengths, src, keys, sp)
-    )
-
   # -------------------------------------------------------------- insert
 
   def init_decode_state(self, *args, **kwargs) -> DecodeState:
@@ -352,39 +306,6 @@ class PolicyEngine(engine_api.Engine):
       ),
     )
 
-  def insert_batch(
-    self,
-    prefix: Prefix,
-    decode_state: DecodeState,
-    slots: Sequence[int],
-    limits: Sequence[int],
-    stop_ids: jax.Array,
-  ) -> DecodeState:
-    """Requests of a `prefill_batch` prefix into `slots` (one per request);
-    limits: each request's token budget; stop_ids from `stop_array`."""
-    n, m = self._n, len(slots)
-    if any(not 0 <= s < n for s in slots):
-      raise ValueError(f'slots {list(slots)} not all in [0, {n})')
-    pad_slots = np.full((n,), n, np.int32)  # slot n: dropped
-    pad_slots[:m] = slots
-    pad_limits = np.zeros((n,), np.int32)
-    pad_limits[:m] = limits
-    return self._insert_jit(
-      prefix,
-      decode_state,
-      *self._replicate(pad_slots, pad_limits, stop_ids),
-    )
-
-  @staticmethod
-  def stop_array(stop_ids: Sequence[int]) -> jax.Array:
-    """Stop token ids padded with -1 to a power of two (>= 4): few shapes,
-    few compilations."""
-    ids = sorted(set(int(t) for t in stop_ids))
-    size = _bucket(_pow2_buckets(4, max(4, len(ids))), max(1, len(ids)))
-    out = np.full((size,), -1, np.int32)
-    out[: len(ids)] = ids
-    return jnp.asarray(out)
-
   # ------------------------------------------------------------ generate
 
   def generate(
@@ -411,74 +332,6 @@ class PolicyEngine(engine_api.Engine):
       samples_per_slot=1,
     )
     return state, result
-
-  def compact(
-    self, decode_state: DecodeState, rows: Sequence[int]
-  ) -> DecodeState:
-    """A decode state of len(rows) slots: slot i is old slot rows[i]. The
-    driver shrinks the batch this way once the queue is empty and half
-    the slots are done (one compilation per pair of sizes; `decode_chunk`
-    takes any slot count). JetStream's `insert`/`generate` keep using
-    full-size states."""
-    n = decode_state.tokens.shape[0]
-    if not rows or any(not 0 <= r < n for r in rows):
-      raise ValueError(f'rows {list(rows)} must be non-empty, in [0, {n})')
-    return self._compact_jit(
-      decode_state, *self._replicate(jnp.asarray(rows, jnp.int32))
-    )
-
-  def refresh_cache(
-    self, decode_state: DecodeState, contexts: Sequence[Sequence[int] | None]
-  ) -> DecodeState:
-    """Recompute the KV cache of in-flight slots under the current weights
-    (`decode.refill`): contexts[n] is slot n's prompt plus its sampled
-    tokens but the newest (its `cache.index` tokens), None for a slot
-    whose cache stays. One compilation per attention bucket."""
-    n = decode_state.tokens.shape[0]
-    if len(contexts) != n:
-      raise ValueError(f'{len(contexts)} contexts for {n} slots')
-    longest = max((len(c) for c in contexts if c), default=0)
-    if not longest:
-      return decode_state
-    tokens = np.zeros((n, self.attend_bucket(longest)), np.int32)
-    live = np.zeros((n,), bool)
-    for i, c in enumerate(contexts):
-      if c:
-        tokens[i, : len(c)] = c
-        live[i] = True
-    return self._refill_jit(
-      self.params, decode_state, *self._replicate(tokens, live)
-    )
-
-  def attend_bucket(self, longest: int) -> int:
-    """The attention bucket covering cache slots [0, longest)."""
-    if not 0 < longest <= self._max_target:
-      raise ValueError(
-        f'length {longest} not in [1, max_target_length={self._max_target}]'
-      )
-    return _bucket(self.attend_buckets, longest)
-
-  def decode_chunk(
-    self,
-    decode_state: DecodeState,
-    stop_ids: jax.Array,
-    *,
-    exit_active: int = 0,
-    attend_len: int | None = None,
-    params: nnx.State | None = None,
-  ) -> tuple[DecodeState, Chunk]:
-    """Up to `decode_chunk` steps of every active slot in one dispatch
-    (`rollout.decode.decode_chunk`); leaves early once at most
-    `exit_active` slots are active. `attend_len` must cover every live
-    row's last position in the chunk (`attend_bucket`; None: the whole
-    cache)."""
-    return self._chunk_jit(
-      self.params if params is None else params,
-      decode_state,
-      *self._replicate(stop_ids, jnp.asarray(exit_active, jnp.int32)),
-      num_steps=self.decode_chunk_steps,
-      attend_len=attend_len or self._max_target,
-    )
 
   # ----------------------------------------------- tokenizer, properties
 
@@ -515,7 +368,3 @@ class PolicyEngine(engine_api.Engine):
   @property
   def colocated_cpus(self) -> None:
     return None
-
-
-def _take_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
-  return jax.tree.map(lambda x: x[rows], state)
