@@ -134,9 +134,7 @@ def _weighted_mean(x: Any, weight: Any, xp: Any) -> Any:
   empty, so every value is the empty value)."""
   total = xp.sum(weight)
   ok = total > 0
-  return xp.where(
-    ok, xp.sum(x * weight) / xp.where(ok, total, 1.0), xp.mean(x)
-  )
+  return xp.where(ok, xp.sum(x * weight) / xp.where(ok, total, 1.0), xp.mean(x))
 
 
 def reduce_parts(metrics: Mapping[str, Metric]) -> Metrics:
