@@ -209,7 +209,7 @@ def _source_strings() -> tuple[frozenset[str], tuple[re.Pattern, ...]]:
 
 
 _METRIC = re.compile(
-  r'`((?:actor|critic|reward|rollout|rollout_corr|eval|time|perf|sft|'
+  r'`((?:actor|critic|reward|rollout|rollout_corr|staleness|eval|time|perf|sft|'
   r'advantages|returns|response_length|batch)/[\w/<>*()]+)`'
 )
 
