@@ -24,8 +24,8 @@ devices. It
 
 `rollout_metrics` computes the `rollout/` (and, off sync mode, `staleness/`)
 metrics of docs/math/rollout_contract.md §6 on the host, where the versions
-and finish reasons already are; `to_device` is the one transfer of a host batch to the
-trainer's mesh.
+and finish reasons already are; `to_device` is the one transfer of a host
+batch to the trainer's mesh.
 """
 
 from __future__ import annotations
