@@ -19,7 +19,7 @@ from flax import nnx
 from configs import arith_tiny
 from jaxcorr import sharding
 from jaxcorr.losses import correction as corr_lib
-from jaxcorr.losses import rewards
+from jaxcorr.losses import objective, rewards
 from jaxcorr.model import Transformer
 from jaxcorr.rollout import ValidationConfig, validate_rollout_batch
 from jaxcorr.rollout.types import FinishReason, RolloutBatch
@@ -398,3 +398,21 @@ def test_assemble_never_fills_missing_logp_with_zeros(mode, field):
   batch = rollout_batch(VERSIONS, FINISH).replace(**{field: None})
   with pytest.raises(ValueError, match=rf'RolloutBatch\.{field} is None'):
     _assemble(batch, 'wait', mode=mode)
+
+
+def test_version_gap_outside_bypass_mode_is_an_error():
+  """The decoupled correction runs once in prepare: a gap given to the
+  per-micro-batch objective would be silently unused."""
+  c = arith_tiny.get_config('pulse+decoupled_token_is')
+  run = run_lib.build(c)
+  x = jnp.zeros((2, 3))
+  with pytest.raises(ValueError, match='version_gap is for the bypass'):
+    objective.actor_objective(
+      run.losses.actor,
+      run.losses.correction,
+      logp=x,
+      advantages=x,
+      mask=jnp.ones((2, 3), bool),
+      old_logp=x,
+      version_gap=jnp.zeros((2, 3), jnp.int32),
+    )
