@@ -326,7 +326,7 @@ def _decoupled(corr_cfg, mask, old_logp, correction) -> _Corrected:
   )
 
 
-def _bypass(corr_cfg, logp, mask, old_logp, rollout_logp, correction):
+def _bypass(corr_cfg, logp, mask, old_logp, rollout_logp, correction, gap):
   """The correction runs here on sg(logp) vs μ, and μ plays π_old."""
   if correction is not None or old_logp is not None:
     given = 'correction' if correction is not None else 'old_logp'
@@ -336,7 +336,7 @@ def _bypass(corr_cfg, logp, mask, old_logp, rollout_logp, correction):
     )
   masked.require(rollout_logp, 'rollout_logp', 'in bypass mode')
   corr = corr_lib.rollout_correction(
-    jax.lax.stop_gradient(logp), rollout_logp, mask, corr_cfg
+    jax.lax.stop_gradient(logp), rollout_logp, mask, corr_cfg, **gap
   )
   use_w = corr_cfg.bypass_loss == 'reinforce' and corr_cfg.is_level is not None
   weights = corr.weights if use_w else None
@@ -396,6 +396,8 @@ def actor_objective(
   num_seqs: float | jax.Array | None = None,
   norm: float | jax.Array | None = None,
   key: jax.Array | None = None,
+  version_gap: jax.Array | None = None,
+  gap_buckets: int = 4,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The actor loss of one (mini- or micro-) batch (docs/math/losses.md §5).
 
@@ -423,6 +425,8 @@ def actor_objective(
     norm: divisor of `seq_mean_token_sum_norm` (the trainer passes
       `rollout.max_new_tokens`); None means the padded length T.
     key: PRNG key, required by `clip_cov`.
+    version_gap, gap_buckets: bypass mode only: the `rollout_correction`
+      arguments of its per-version-gap metrics (async training).
 
   Returns:
     `(loss, metrics)`: a scalar and a dict of scalars whose keys depend only
@@ -441,12 +445,20 @@ def actor_objective(
       'entropy': entropy,
     }
   )
+  gap = {}
+  if version_gap is not None:
+    if corr_cfg is None or corr_cfg.mode == 'decoupled':
+      raise ValueError(
+        'version_gap is for the bypass-mode correction only; the decoupled '
+        'one takes it on the global batch (jaxcorr/train/prepare.py)'
+      )
+    gap = dict(version_gap=version_gap, gap_buckets=gap_buckets)
   if corr_cfg is None:
     c = _no_correction(mask, old_logp, correction)
   elif corr_cfg.mode == 'decoupled':
     c = _decoupled(corr_cfg, mask, old_logp, correction)
   else:
-    c = _bypass(corr_cfg, logp, mask, old_logp, rollout_logp, correction)
+    c = _bypass(corr_cfg, logp, mask, old_logp, rollout_logp, correction, gap)
 
   counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
   pg, pg_metrics = policy_lib.policy_loss(

@@ -144,6 +144,7 @@ def _check_logprobs(
       f'<= {_LOGP_TOL} on response_mask (a positive log-prob means a '
       'wrong definition)',
     )
+    _check_not_zeros(logp, mask, cfg)
   if cfg.truncation or cfg.logprob_mode == 'truncated':
     trunc = _check_array(batch, 'rollout_logp_truncated', bt, np.float32)
     _fail(
@@ -157,6 +158,24 @@ def _check_logprobs(
         (mask & (trunc < logp - _LOGP_TOL)).any(1),
         '>= rollout_logp - 1e-6 on response_mask',
       )
+
+
+def _check_not_zeros(
+  logp: np.ndarray, mask: np.ndarray, cfg: ValidationConfig
+) -> None:
+  """Rule 3: log-probs exactly 0.0 on every response token of a sampled
+  batch (τ > 0, top_k != 1) are an engine that returned none, not a policy
+  sure of every token: the correction would read μ = 1 everywhere."""
+  n = int(mask.sum())
+  if cfg.top_k == 1 or n == 0 or (logp[mask] != 0).any():
+    return
+  raise ValueError(
+    f'RolloutBatch.rollout_logp: rollout log-probs look missing (all zeros '
+    f'on the {n} response tokens of a sampled batch, temperature='
+    f'{cfg.temperature}, top_k={cfg.top_k}): the engine must return '
+    'per-token log-probs of the sampled tokens (greedy decoding, where 0 is '
+    'right, is top_k=1)'
+  )
 
 
 def _check_sampling_and_groups(

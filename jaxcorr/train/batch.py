@@ -4,10 +4,14 @@
 devices. It
 
 * drops rows the contract says to drop (docs/math/rollout_contract.md §6): ABORT
-  and ERROR rows and rows staler than `rollout.max_staleness` become empty rows
-  (every mask False);
+  and ERROR rows become empty rows (every mask False), and so do rows staler
+  than `rollout.max_staleness`, or with `rollout.staleness_policy='mask'` only
+  their stale tokens leave the mask (jaxcorr/train/staleness.py);
 * picks μ by `rollout.logprob_mode` (`rollout_logp` or its truncated value;
-  'replay' also carries the engine's kept sets, rollout/kept_set.py);
+  'replay' also carries the engine's kept sets, rollout/kept_set.py); a
+  missing μ is an error, never zeros;
+* records each token's version gap (trainer version − its policy version)
+  for the correction's per-gap metrics;
 * lays prompt and response out as one `[B, P + T]` token row with segment
   ids (1 on real tokens) so positions count from the first real prompt token
   in the trainer exactly as in the engine (docs/math/rollout_contract.md §3);
@@ -18,10 +22,10 @@ devices. It
   from padding micro-batches). Losses and metrics are identical with and without
   them.
 
-`rollout_metrics` computes the `rollout/` metrics of
-docs/math/rollout_contract.md §6 on the host, where the versions and finish
-reasons already are; `to_device` is the one transfer of a host batch to the
-trainer's mesh.
+`rollout_metrics` computes the `rollout/` (and, off sync mode, `staleness/`)
+metrics of docs/math/rollout_contract.md §6 on the host, where the versions
+and finish reasons already are; `to_device` is the one transfer of a host
+batch to the trainer's mesh.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import numpy as np
 
 from jaxcorr import sharding
 from jaxcorr.rollout.types import FinishReason, RolloutBatch
+from jaxcorr.train import staleness as staleness_lib
 from jaxcorr.train.reduction import Metric, Metrics
 
 Array = Any  # np.ndarray on the host, jax.Array on the devices
@@ -69,6 +74,8 @@ class TrainBatch:
   # logprob_mode='replay': the engine's kept sets (count 0 off the mask).
   kept_ids: Array | None = None  # [B, T, C] int32, -1 past kept_count
   kept_count: Array | None = None  # [B, T] int32
+  # Trainer version − the token's policy version, 0 off the mask.
+  version_gap: Array | None = None  # [B, T] int32
 
   @property
   def rows(self) -> int:
@@ -79,7 +86,11 @@ class TrainBatch:
     length and sampling parameters): what `scoring.in_chunks` carries."""
     none = dict.fromkeys(_TRAINING_FIELDS)
     return self.replace(
-      rollout_logp=None, group_ids=None, seq_reward=None, **none
+      rollout_logp=None,
+      group_ids=None,
+      seq_reward=None,
+      version_gap=None,
+      **none,
     )
 
 
@@ -102,18 +113,42 @@ def padded_size(b: int, multiple: int) -> int:
 
 
 def keep_rows(
-  batch: RolloutBatch, trainer_version: int, max_staleness: int | None
+  batch: RolloutBatch,
+  trainer_version: int,
+  max_staleness: int | None,
+  policy: str = 'wait',
 ) -> tuple[np.ndarray, np.ndarray]:
   """(kept [B] bool, stale_dropped [B] bool): rows that train, and the ones
-  dropped only for staleness."""
+  dropped only for staleness: with `policy` 'wait' or 'drop' a row with any
+  token staler than `max_staleness`, with 'mask' a row whose every token is
+  (jaxcorr/train/staleness.py)."""
+  staleness_lib.check_policy(policy)
   finish = np.asarray(batch.finish_reason)
   live = ~np.isin(
     finish, [FinishReason.ABORT, FinishReason.ERROR, FinishReason.PAD]
   )
-  stale = np.zeros_like(live)
-  if max_staleness is not None:
-    stale = batch.staleness(trainer_version) > max_staleness
+  stale_tok = staleness_lib.stale_tokens(batch, trainer_version, max_staleness)
+  if policy == 'mask':
+    fresh = np.asarray(batch.response_mask, bool) & ~stale_tok
+    stale = stale_tok.any(1) & ~fresh.any(1)
+  else:
+    stale = stale_tok.any(1)
   return live & ~stale, live & stale
+
+
+def keep_tokens(
+  batch: RolloutBatch,
+  trainer_version: int,
+  max_staleness: int | None,
+  policy: str = 'wait',
+) -> np.ndarray:
+  """[B, T] bool: the response tokens that train: those of the kept rows
+  (`keep_rows`), less the stale ones with `policy='mask'`."""
+  kept, _ = keep_rows(batch, trainer_version, max_staleness, policy)
+  mask = np.asarray(batch.response_mask, bool) & kept[:, None]
+  if policy == 'mask':
+    mask &= ~staleness_lib.stale_tokens(batch, trainer_version, max_staleness)
+  return mask
 
 
 def assemble(
@@ -124,12 +159,12 @@ def assemble(
   max_staleness: int | None,
   logprob_mode: str,
   row_multiple: int,
+  staleness_policy: str = 'wait',
 ) -> TrainBatch:
   """The device batch as numpy arrays (see the module docstring), B rows
   rounded up to `row_multiple`."""
-  b, t = np.shape(batch.response_tokens)
-  kept, _ = keep_rows(batch, trainer_version, max_staleness)
-  mask = np.asarray(batch.response_mask, bool) & kept[:, None]
+  kept, _ = keep_rows(batch, trainer_version, max_staleness, staleness_policy)
+  mask = keep_tokens(batch, trainer_version, max_staleness, staleness_policy)
   ctx = np.asarray(batch.context_mask, bool)
   kept_sets = {}
   if logprob_mode == 'replay':
@@ -140,12 +175,17 @@ def assemble(
       'kept_count': np.where(mask, batch.kept_count, 0),
     }
     kept_sets = {k: v.astype(np.int32) for k, v in kept_sets.items()}
+  name = 'rollout_logp'
   if logprob_mode in ('truncated', 'replay'):
-    mu = batch.rollout_logp_truncated
-  else:
-    mu = batch.rollout_logp
-  mu = np.zeros((b, t), np.float32) if mu is None else np.asarray(mu)
-  mu = np.where(mask, mu, 0.0).astype(np.float32)
+    name = 'rollout_logp_truncated'
+  mu = getattr(batch, name)
+  if mu is None:
+    raise ValueError(
+      f'RolloutBatch.{name} is None with rollout.logprob_mode='
+      f'{logprob_mode!r}: the rollout correction needs the per-token '
+      'log-probs the engine sampled with (never zeros)'
+    )
+  mu = np.where(mask, np.asarray(mu), 0.0).astype(np.float32)
   tokens = np.concatenate(
     [np.asarray(batch.prompt_tokens), np.asarray(batch.response_tokens)], 1
   ).astype(np.int32)
@@ -162,9 +202,12 @@ def assemble(
     min_p=np.asarray(batch.min_p, np.float32),
     group_ids=np.asarray(batch.group_id, np.int32),
     seq_reward=np.where(kept, seq_reward, 0.0).astype(np.float32),
+    version_gap=np.where(
+      mask, staleness_lib.token_gap(batch, trainer_version), 0
+    ).astype(np.int32),
     **kept_sets,
   )
-  return pad_rows(out, padded_size(b, row_multiple))
+  return pad_rows(out, padded_size(batch.batch_size, row_multiple))
 
 
 Batch = TypeVar('Batch')
@@ -200,10 +243,16 @@ def rollout_metrics(
   *,
   trainer_version: int,
   max_staleness: int | None,
+  staleness_policy: str = 'wait',
+  gap_buckets: int | None = None,
 ) -> Metrics:
   """`rollout/`, `reward/` and `response_length/` metrics of one batch,
-  each with how it combines across processes (`reduction.py`)."""
-  kept, stale_dropped = keep_rows(batch, trainer_version, max_staleness)
+  each with how it combines across processes (`reduction.py`); with
+  `gap_buckets` (async and stream modes, `staleness.gap_buckets`) also the
+  per-token `staleness.staleness_metrics`."""
+  kept, stale_dropped = keep_rows(
+    batch, trainer_version, max_staleness, staleness_policy
+  )
   finish = np.asarray(batch.finish_reason)
   real = finish != FinishReason.PAD
   n = max(int(real.sum()), 1)
@@ -239,6 +288,19 @@ def rollout_metrics(
     code = FinishReason[reason.upper()]
     m[f'rollout/finish_{reason}_fraction'] = avg(
       float((finish == code).sum() / n)
+    )
+  if gap_buckets is not None:
+    trained = keep_tokens(
+      batch, trainer_version, max_staleness, staleness_policy
+    )
+    m.update(
+      staleness_lib.staleness_metrics(
+        batch,
+        trainer_version=trainer_version,
+        real=real,
+        trained=trained,
+        buckets=gap_buckets,
+      )
     )
   if batch.kept_count is not None:
     m.update(_replay_metrics(batch, mask & real[:, None]))

@@ -9,7 +9,8 @@ that is computed once on the global batch, before it is split.
                     the KL in reward (+ one controller step)
     advantages      `algorithm.advantage` (and the returns)
     correction      decoupled mode: the rollout correction's weights and
-                    mask (bypass mode corrects inside the loss)
+                    mask (bypass mode corrects inside the loss); off sync
+                    mode its metrics are also split by version gap
 
 Forward passes run in micro-batch-sized chunks (`scoring.in_chunks`).
 """
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 from jaxcorr.losses import advantages as adv_lib
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import masked, rewards
-from jaxcorr.train import scoring
+from jaxcorr.train import scoring, staleness
 from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.run_config import RunConfig
 
@@ -76,12 +77,32 @@ def prepare(
   corr = run.losses.correction
   if run.decoupled and corr is not None:
     c = corr_lib.rollout_correction(
-      batch.old_logp, batch.rollout_logp, mask, corr
+      batch.old_logp,
+      batch.rollout_logp,
+      mask,
+      corr,
+      **gap_arguments(run, batch.version_gap),
     )
     batch = batch.replace(corr_weights=c.weights, corr_mask=c.mask)
     metrics.update(c.metrics)
   metrics.update(_batch_metrics(batch))
   return kl_ctrl, batch, metrics
+
+
+def gap_arguments(run: RunConfig, version_gap: Any) -> dict[str, Any]:
+  """`rollout_correction`'s per-version-gap arguments: none in sync mode;
+  otherwise the batch's `[B, T]` gaps and `staleness.gap_buckets`, so the
+  `rollout_corr/gap<g>/` key set is fixed by the config."""
+  r = run.rollout
+  buckets = staleness.gap_buckets(r.mode, r.max_staleness)
+  if buckets is None:
+    return {}
+  if version_gap is None:
+    raise ValueError(
+      f'TrainBatch.version_gap is None with rollout.mode={r.mode!r}; the '
+      'correction splits its metrics by version gap (batch.assemble fills it)'
+    )
+  return dict(version_gap=version_gap, gap_buckets=buckets)
 
 
 def _kl_in_reward(

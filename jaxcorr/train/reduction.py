@@ -9,6 +9,8 @@ one process's share of a batch) carries its reduction in a `Metric`:
     MIN   an extreme: the smallest part
     STD   a standard deviation around its own `mean`: the parts' variances
           are pooled around the mean of the whole (equal parts)
+    WMEAN a mean over a count that differs between parts (tokens, rows of
+          a kind): the parts' values weighted by their `weight`, the count
 
 Metrics built in `jaxcorr/train/` are made with their kind (`Metric.sum`,
 ...). The pure losses (`jaxcorr/losses/`) return plain dicts of scalars;
@@ -36,6 +38,7 @@ class Reduce(enum.Enum):
   MAX = 'max'
   MIN = 'min'
   STD = 'std'
+  WMEAN = 'wmean'
 
 
 @flax.struct.dataclass
@@ -46,11 +49,13 @@ class Metric:
     value: `[]` (or `[n]`: the values of n parts, stacked by a scan).
     reduce: its `Reduce` kind (static: part of the pytree structure).
     mean: STD only: the mean the deviation is taken around, `[]` or `[n]`.
+    weight: WMEAN only: the count the value is a mean over, `[]` or `[n]`.
   """
 
   value: Any
   reduce: Reduce = flax.struct.field(pytree_node=False, default=Reduce.MEAN)
   mean: Any = None
+  weight: Any = None
 
   @classmethod
   def sum(cls, value: Any) -> Metric:
@@ -71,6 +76,10 @@ class Metric:
   @classmethod
   def std(cls, value: Any, mean: Any) -> Metric:
     return cls(value, Reduce.STD, mean)
+
+  @classmethod
+  def wavg(cls, value: Any, weight: Any) -> Metric:
+    return cls(value, Reduce.WMEAN, weight=weight)
 
 
 Metrics = dict[str, Metric]
@@ -115,7 +124,17 @@ def _reduce(m: Metric, xp: Any) -> Any:
     return xp.min(x)
   if m.reduce is Reduce.STD:
     return _pooled_std(x, m.mean, xp)
+  if m.reduce is Reduce.WMEAN:
+    return _weighted_mean(x, m.weight, xp)
   return xp.mean(x)
+
+
+def _weighted_mean(x: Any, weight: Any, xp: Any) -> Any:
+  """Σ x·w / Σ w; the plain mean when every weight is 0 (every part
+  empty, so every value is the empty value)."""
+  total = xp.sum(weight)
+  ok = total > 0
+  return xp.where(ok, xp.sum(x * weight) / xp.where(ok, total, 1.0), xp.mean(x))
 
 
 def reduce_parts(metrics: Mapping[str, Metric]) -> Metrics:
@@ -124,7 +143,8 @@ def reduce_parts(metrics: Mapping[str, Metric]) -> Metrics:
   out = {}
   for key, m in metrics.items():
     mean = None if m.mean is None else jnp.mean(m.mean)
-    out[key] = Metric(_reduce(m, jnp), m.reduce, mean)
+    weight = None if m.weight is None else jnp.sum(m.weight)
+    out[key] = Metric(_reduce(m, jnp), m.reduce, mean, weight)
   return out
 
 
@@ -138,10 +158,12 @@ def combine_processes(
   out = {}
   for key, m in first.items():
     x = np.asarray([p[key].value for p in per_process], np.float64)
-    mean = None
+    mean = weight = None
     if m.reduce is Reduce.STD:
       mean = np.asarray([p[key].mean for p in per_process], np.float64)
-    out[key] = float(_reduce(Metric(x, m.reduce, mean), np))
+    if m.reduce is Reduce.WMEAN:
+      weight = np.asarray([p[key].weight for p in per_process], np.float64)
+    out[key] = float(_reduce(Metric(x, m.reduce, mean, weight), np))
   return out
 
 
@@ -157,6 +179,7 @@ def gather_processes(metrics: Mapping[str, Metric]) -> dict[str, float]:
   keys = sorted(metrics)
   row = [float(metrics[k].value) for k in keys]
   row += [float(metrics[k].mean or 0.0) for k in keys]
+  row += [float(metrics[k].weight or 0.0) for k in keys]
   # Gathered as raw bits: a float64 array would pass through JAX as
   # float32 (x64 is off).
   bits = np.asarray(row, np.float64).view(np.uint32)
@@ -164,7 +187,10 @@ def gather_processes(metrics: Mapping[str, Metric]) -> dict[str, float]:
   allv = allv.reshape(count, -1).view(np.float64)
   n = len(keys)
   per = [
-    {k: Metric(v[i], metrics[k].reduce, v[n + i]) for i, k in enumerate(keys)}
+    {
+      k: Metric(v[i], metrics[k].reduce, v[n + i], v[2 * n + i])
+      for i, k in enumerate(keys)
+    }
     for v in allv
   ]
   combined = combine_processes(per)

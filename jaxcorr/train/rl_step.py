@@ -2,7 +2,8 @@
 functions.
 
     Scored ─ validate (the rollout contract) ─ rollout metrics, error and
-    staleness checks ─ assemble (drop, pick μ, pad; numpy `TrainBatch`)
+    staleness checks ─ assemble (drop or mask stale data by
+    rollout.staleness_policy, pick μ, pad; numpy `TrainBatch`)
     ─ to_device ─ Steps.prepare ─ Steps.update ─ metrics
 
 Host metrics (`rollout/`, `reward/`, `response_length/`, the reward
@@ -22,7 +23,7 @@ from absl import logging
 
 from jaxcorr.rollout.validate import ValidationConfig, validate_rollout_batch
 from jaxcorr.train import batch as batch_lib
-from jaxcorr.train import metrics, reduction
+from jaxcorr.train import metrics, reduction, staleness
 from jaxcorr.train.reduction import Metric, Metrics
 from jaxcorr.train.rollout_stage import Scored
 from jaxcorr.train.run_config import RunConfig
@@ -83,6 +84,8 @@ class RLStep:
       scored.rewards,
       trainer_version=step,
       max_staleness=r.max_staleness,
+      staleness_policy=r.staleness_policy,
+      gap_buckets=staleness.gap_buckets(r.mode, r.max_staleness),
     )
     errors = host['rollout/finish_error_fraction'].value
     if errors > r.max_error_fraction:
@@ -91,10 +94,13 @@ class RLStep:
         f'config.rollout.max_error_fraction={r.max_error_fraction}'
       )
     staleness_max = host['rollout/staleness_max'].value
-    if r.max_staleness is not None and staleness_max > r.max_staleness:
-      # Rows above the bound are dropped by `assemble`; with the fixed-lag
-      # producer this never happens, so it is worth a log line.
-      logging.warning('staleness %d > max %d', staleness_max, r.max_staleness)
+    bound = r.max_staleness
+    waits = r.staleness_policy == 'wait'
+    if waits and bound is not None and staleness_max > bound:
+      # Rows above the bound are dropped by `assemble`; a waiting producer
+      # never delivers one, so it is worth a log line ('drop' and 'mask'
+      # expect them: rollout/stale_dropped_fraction counts them).
+      logging.warning('staleness %d > max %d', staleness_max, bound)
     return host
 
   def assemble(self, scored: Scored, step: int) -> batch_lib.TrainBatch:
@@ -107,6 +113,7 @@ class RLStep:
       max_staleness=r.max_staleness,
       logprob_mode=r.logprob_mode,
       row_multiple=self.row_multiple,
+      staleness_policy=r.staleness_policy,
     )
     offset = jax.process_index() * batch.rows
     return batch.replace(group_ids=batch.group_ids + offset)

@@ -35,7 +35,7 @@ from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective, value
 from jaxcorr.train import reduction, scoring
 from jaxcorr.train.batch import TrainBatch
-from jaxcorr.train.prepare import prepare
+from jaxcorr.train.prepare import gap_arguments, prepare
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.state import TrainState, apply_updates
 
@@ -130,9 +130,11 @@ class Steps:
     logp, ent = scoring.response_logp(
       run, self.graphdef, params, mic, entropy=True
     )
-    correction = None
+    correction, gap = None, {}
     if run.decoupled and corr is not None:
       correction = corr_lib.Correction(mic.corr_weights, mic.corr_mask, {})
+    elif not run.decoupled:
+      gap = gap_arguments(run, mic.version_gap)
     return objective.actor_objective(
       run.losses.actor,
       corr,
@@ -148,6 +150,7 @@ class Steps:
       num_seqs=counts[1],
       norm=run.rollout.max_new_tokens,
       key=key,
+      **gap,
     )
 
   def _critic_loss(self, critic_params, mic: TrainBatch, counts):
