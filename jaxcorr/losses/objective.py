@@ -326,7 +326,7 @@ def _decoupled(corr_cfg, mask, old_logp, correction) -> _Corrected:
   )
 
 
-def _bypass(corr_cfg, logp, mask, old_logp, rollout_logp, correction):
+def _bypass(corr_cfg, logp, mask, old_logp, rollout_logp, correction, reward):
   """The correction runs here on sg(logp) vs μ, and μ plays π_old."""
   if correction is not None or old_logp is not None:
     given = 'correction' if correction is not None else 'old_logp'
@@ -336,7 +336,11 @@ def _bypass(corr_cfg, logp, mask, old_logp, rollout_logp, correction):
     )
   masked.require(rollout_logp, 'rollout_logp', 'in bypass mode')
   corr = corr_lib.rollout_correction(
-    jax.lax.stop_gradient(logp), rollout_logp, mask, corr_cfg
+    jax.lax.stop_gradient(logp),
+    rollout_logp,
+    mask,
+    corr_cfg,
+    seq_reward=reward,
   )
   use_w = corr_cfg.bypass_loss == 'reinforce' and corr_cfg.is_level is not None
   weights = corr.weights if use_w else None
@@ -396,6 +400,7 @@ def actor_objective(
   num_seqs: float | jax.Array | None = None,
   norm: float | jax.Array | None = None,
   key: jax.Array | None = None,
+  seq_reward: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The actor loss of one (mini- or micro-) batch (docs/math/losses.md §5).
 
@@ -423,6 +428,8 @@ def actor_objective(
     norm: divisor of `seq_mean_token_sum_norm` (the trainer passes
       `rollout.max_new_tokens`); None means the padded length T.
     key: PRNG key, required by `clip_cov`.
+    seq_reward: optional `[B]` sequence rewards, for the bypass
+      correction's masked-correct metric (`rollout_correction`).
 
   Returns:
     `(loss, metrics)`: a scalar and a dict of scalars whose keys depend only
@@ -446,7 +453,9 @@ def actor_objective(
   elif corr_cfg.mode == 'decoupled':
     c = _decoupled(corr_cfg, mask, old_logp, correction)
   else:
-    c = _bypass(corr_cfg, logp, mask, old_logp, rollout_logp, correction)
+    c = _bypass(
+      corr_cfg, logp, mask, old_logp, rollout_logp, correction, seq_reward
+    )
 
   counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
   pg, pg_metrics = policy_lib.policy_loss(

@@ -76,7 +76,11 @@ def prepare(
   corr = run.losses.correction
   if run.decoupled and corr is not None:
     c = corr_lib.rollout_correction(
-      batch.old_logp, batch.rollout_logp, mask, corr
+      batch.old_logp,
+      batch.rollout_logp,
+      mask,
+      corr,
+      seq_reward=batch.seq_reward,
     )
     batch = batch.replace(corr_weights=c.weights, corr_mask=c.mask)
     metrics.update(c.metrics)

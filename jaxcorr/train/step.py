@@ -148,6 +148,7 @@ class Steps:
       num_seqs=counts[1],
       norm=run.rollout.max_new_tokens,
       key=key,
+      seq_reward=mic.seq_reward,
     )
 
   def _critic_loss(self, critic_params, mic: TrainBatch, counts):
