@@ -28,6 +28,7 @@ from jaxcorr.config import convert
 from jaxcorr.losses import correction as corr
 from jaxcorr.losses import correction_reject as cr
 from jaxcorr.losses import objective as obj
+from jaxcorr.losses import rewards
 
 FW = 'frontier/nemo_rl'
 C = corr.CorrectionConfig
@@ -293,3 +294,76 @@ def test_bypass_objective_runs_the_criterion_with_rewards():
   assert dropped.any()
   assert np.all(np.asarray(grad)[dropped] == 0)
   assert np.isfinite(float(value))
+
+
+# ------------------------------------------------------------- the trainer
+
+
+def _train_step(mode: str):
+  """One `Steps.prepare` + `Steps.update` of the tiny arithmetic model with
+  the `nemo_seq_logprob_error` preset's criterion (tests/test_train_step.py's
+  batch)."""
+  from flax import nnx
+  from test_train_step import _arrays, _one_device_mesh
+
+  from configs import arith_tiny
+  from jaxcorr.model import Transformer
+  from jaxcorr.train import batch as batch_lib
+  from jaxcorr.train import run_config as run_lib
+  from jaxcorr.train.setup import model_config
+  from jaxcorr.train.state import TrainState, make_optimizer
+  from jaxcorr.train.step import Steps
+
+  c = arith_tiny.get_config('pulse+nemo_seq_logprob_error')
+  c.correction.mode = mode
+  # The random model is far from the random engine log-probs (row errors
+  # 4.2 to 20.7): 6.0 drops three rows of eight, one of them correct.
+  c.correction.rs_bounds = '6.0'
+  run = run_lib.build(c)
+  assert (run.train.mini_batches, run.train.micro_batches) == (1, 1)
+  mesh = _one_device_mesh()
+  model = Transformer(model_config(run), rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model)
+  tx, schedule = make_optimizer(run.optim, 1e-3, 10)
+  with jax.set_mesh(mesh):
+    state = TrainState(
+      params=params,
+      opt_state=jax.jit(tx.init)(params),
+      kl_ctrl=rewards.KLControllerState(coef=jnp.zeros(())),
+      rng=jax.random.PRNGKey(0),
+      updates=jnp.zeros((), jnp.int32),
+    )
+    steps = Steps(run, graphdef, tx, schedule)
+    dev = batch_lib.to_device(mesh, _arrays(run, 1))
+    _, arrays, metrics = steps.prepare(
+      state.params, None, state.kl_ctrl, None, dev
+    )
+    if mode == 'bypass':  # decoupled: the correction ran in prepare
+      metrics = steps.update(state, arrays)[1]
+  return run, jax.device_get(arrays), jax.device_get(metrics)
+
+
+def test_trainer_runs_the_criterion_with_rewards_in_both_modes():
+  """Decoupled: `prepare` corrects the global batch with its rewards.
+  Bypass (one mini- and micro-batch, so sg π_θ = π_old at the update):
+  the loss corrects with the micro-batch's rewards. Both give the metrics
+  of `rollout_correction` on (π_old, μ, rewards)."""
+  run, arrays, dec = _train_step('decoupled')
+  want = corr.rollout_correction(
+    arrays.old_logp,
+    arrays.rollout_logp,
+    arrays.response_mask,
+    run.losses.correction,
+    seq_reward=arrays.seq_reward,
+  )
+  dropped = np.asarray(want.mask).any(-1) < arrays.response_mask.any(-1)
+  assert 0 < dropped.sum() < dropped.size  # the mask bites, not everywhere
+  np.testing.assert_array_equal(arrays.corr_mask, want.mask)
+  _, _, byp = _train_step('bypass')
+  key = P + 'masked_correct_fraction'
+  correct = np.mean(arrays.seq_reward[dropped] == 1)
+  assert 0 < correct < 1
+  for got in (dec, byp):
+    np.testing.assert_allclose(got[key], correct, rtol=1e-6)
+    for k in MPE_KEYS:
+      np.testing.assert_allclose(got[k], want.metrics[k], rtol=1e-5, err_msg=k)
