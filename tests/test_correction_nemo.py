@@ -17,6 +17,8 @@ output mask drops (`seq_masked_fraction` × the non-empty rows).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -299,6 +301,7 @@ def test_bypass_objective_runs_the_criterion_with_rewards():
 # ------------------------------------------------------------- the trainer
 
 
+@functools.cache
 def _train_step(mode: str):
   """One `Steps.prepare` + `Steps.update` of the tiny arithmetic model with
   the `nemo_seq_logprob_error` preset's criterion (tests/test_train_step.py's
@@ -367,3 +370,45 @@ def test_trainer_runs_the_criterion_with_rewards_in_both_modes():
     np.testing.assert_allclose(got[key], correct, rtol=1e-6)
     for k in MPE_KEYS:
       np.testing.assert_allclose(got[k], want.metrics[k], rtol=1e-5, err_msg=k)
+
+
+def test_d33_dropped_rows_stay_in_the_group_baseline():
+  """D33 (docs/correction.md §4): advantages come from the pre-rejection
+  mask (D15), so a row the criterion drops still counts in its group's
+  baseline; NeMo-RL's advantage stage leaves it out."""
+  from jaxcorr.losses import advantages as adv_lib
+
+  run, arrays, _ = _train_step('decoupled')
+  mask = jnp.asarray(arrays.response_mask)
+
+  def advantages(m):
+    scores = rewards.place_at_last_token(jnp.asarray(arrays.seq_reward), m)
+    adv, _ = adv_lib.advantages_from_config(
+      run.algorithm.advantage, scores, m, jnp.asarray(arrays.group_ids)
+    )
+    return np.asarray(adv)
+
+  np.testing.assert_allclose(arrays.advantages, advantages(mask), atol=1e-6)
+  nemo = advantages(mask & jnp.asarray(arrays.corr_mask))
+  kept = np.asarray(arrays.corr_mask)
+  assert not np.allclose(np.where(kept, arrays.advantages, 0), nemo)
+
+
+def test_d31_error_is_clamped_where_nemo_overflows():
+  """D31: |Δ| = 100 at one token; NeMo's exp(|Δ|) is inf in float32."""
+  train = jnp.zeros((2, 4), jnp.float32).at[0, 1].set(-100.0)
+  roll = jnp.zeros((2, 4), jnp.float32)
+  mask = jnp.ones((2, 4), bool)
+  with np.errstate(over='ignore'):
+    assert np.isinf(np.exp(np.float32(100.0)))  # NeMo's token error
+  out = corr.rollout_correction(train, roll, mask, _cfg(2.0))
+  want = (np.exp(np.float32(20.0)) + 3) / 4
+  np.testing.assert_allclose(out.metrics[P + 'seq_max'], want, rtol=1e-6)
+  np.testing.assert_array_equal(out.mask, [[False] * 4, [True] * 4])
+
+
+def test_d32_threshold_below_one_is_a_config_error():
+  """D32: every error is ≥ 1; NeMo-RL would silently drop every row."""
+  with pytest.raises(ValueError, match=r'rs_bounds\[seq_mean_mpe\]'):
+    C(rs='seq_mean_mpe', rs_bounds=0.99)
+  assert C(rs='seq_mean_mpe', rs_bounds=1.0).rs_bounds == ((None, 1.0),)
