@@ -261,7 +261,7 @@ def rejection(
     if criterion == 'seq_mean_mpe':
       extra = correction_reject.seq_error_metrics(s, s <= up, n > 0, seq_reward)
       metrics.update(
-        {f'rollout_rs_{criterion}_{k}': v for k, v in extra.items()}
+        {f'rollout_rs_{criterion}_{name}': v for name, v in extra.items()}
       )
   row_level = not any(c.startswith('token_') for c in cfg.rs)
   metrics.update(cm.combined_rs_metrics(keep_rs, m, n, row_level=row_level))
