@@ -11,8 +11,9 @@ fields::
 
 Names:
 
-* the 28 presets of `PRESETS` (the first 19 carry verl's names and values;
-  the last three use the 2026 stale-data losses of `losses/policy_stale.py`);
+* the 29 presets of `PRESETS` (the first 19 carry verl's names and values;
+  three use the 2026 stale-data losses of `losses/policy_stale.py`, and
+  `nemo_seq_logprob_error` NeMo-RL's sequence log-prob-error mask);
 * `<preset>+rollout_kl`: the preset plus the rollout-KL term
   (`actor.rollout_kl_type='k2'`, `actor.rollout_kl_coef=2e-3`);
 * `rollout_kl`: `disabled+rollout_kl`;
@@ -117,6 +118,9 @@ PRESETS: dict[str, dict[str, Any]] = {
   'decoupled_m2po': {**_DEC, 'actor.policy_loss': 'm2po'},
   'decoupled_topr': {**_DEC, 'actor.policy_loss': 'topr'},
   'bypass_cispo_rollout': {**_PPO, 'actor.policy_loss': 'cispo_rollout'},
+  # NeMo-RL's seq_logprob_error_threshold defaults to null (metrics only);
+  # 2 is the value of its published recipe, examples/nemo_gym/grpo_nanov3.yaml.
+  'nemo_seq_logprob_error': {**_DEC, **_rs('seq_mean_mpe', '2.0')},
 }
 """Preset name -> {dotted config path: value}. Blank table cells are absent."""
 

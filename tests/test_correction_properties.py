@@ -65,8 +65,14 @@ CONFIGS = {
   'kpop_rs': CC(
     is_level='token',
     is_mode='clip',
-    rs=('token_bkl', 'seq_sum_bkl', 'seq_mean_bkl', 'seq_max_bkl'),
-    rs_bounds=(0.5, 20.0, 1.0, 2.0),
+    rs=(
+      'token_bkl',
+      'seq_sum_bkl',
+      'seq_mean_bkl',
+      'seq_max_bkl',
+      'seq_mean_mpe',
+    ),
+    rs_bounds=(0.5, 20.0, 1.0, 2.0, 1.5),
   ),
   'metrics_only': CC(),
 }
@@ -449,6 +455,8 @@ def band_with_one(draw):
   bounds = []
   for name in names:
     up = draw(st.floats(1.0, 5.0)) if name.endswith('k1') else 1e-3
+    if name.endswith('mpe'):  # exp|r| = 1 exactly: up = 1 keeps it
+      up = draw(st.floats(1.0, 5.0))
     lo = draw(st.floats(0.2, 1.0)) if name.endswith('k1') else None
     bounds.append((lo, up))
   if names:

@@ -7,9 +7,9 @@ bypass mode). With `r = log π_train − log μ` (so `ρ = exp(r)`):
 * **IS** (`is_level`): token `exp(r̂_t)`, sequence `exp(clip(S_i, ±20))` or
   geometric `exp(clip(G_i, ±20))` weights, bounded by truncate / clip / mask,
   optionally renormalised to mean 1;
-* **RS** (`rs`): k1/k2/k3 statistics and KPop's Bernoulli KL `bkl`
-  (`correction_reject`) at token or sequence level, each with a keep band,
-  combined with AND;
+* **RS** (`rs`): k1/k2/k3 statistics, KPop's Bernoulli KL `bkl` and NeMo's
+  multiplicative error `mpe` (`correction_reject`) at token or sequence
+  level, each with a keep band, combined with AND;
 * **veto**: a row with any token `ρ < τ_lo` (or `ρ > τ_hi`) is dropped;
 * rows with a non-finite log-prob at a valid token are dropped and counted;
 * diagnostics under `rollout_corr/`, with a key set fixed by the config.
@@ -211,23 +211,30 @@ def rejection(
   n: jax.Array,
   cfg: CorrectionConfig,
   bkl: jax.Array | None = None,
+  seq_reward: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """AND of every RS criterion: `(keep_rs [B, T], metrics)`.
 
-  k2/k3/bkl keep `stat ≤ up`; k1 keeps `−log(up) ≤ stat ≤ −log(lo)`. An
-  empty row has statistic 0 and is kept (harmless: it has no valid token).
+  k2/k3/bkl/mpe keep `stat ≤ up`; k1 keeps `−log(up) ≤ stat ≤ −log(lo)`.
+  An empty row has statistic 0 and is kept (harmless: it has no valid
+  token). `seq_mean_mpe` adds NeMo's after-mask statistics and, with
+  `seq_reward`, its masked-correct share
+  (`correction_reject.seq_error_metrics`).
 
   Args:
     r: `[B, T]` unclamped log-ratio (0 outside `m`).
     m: bool `[B, T]` statistics mask; n: `[B]` row lengths on `m`.
     cfg: the config (`rs`, `rs_bounds`).
     bkl: `[B, T]` KPop statistic, required by the `*_bkl` criteria.
+    seq_reward: optional `[B]` sequence rewards.
   """
   keep_rs = jnp.ones(r.shape, bool)
   metrics: dict[str, jax.Array] = {}
   ks = kl_statistics(r)
   if bkl is not None:
     ks['bkl'] = bkl
+  if any(c.endswith('_mpe') for c in cfg.rs):
+    ks['mpe'] = correction_reject.mult_prob_error(r)
   for criterion, bounds in zip(cfg.rs, cfg.rs_bounds):
     k1 = criterion.endswith('_k1')
     k = ks[criterion.rsplit('_', 1)[1]]
@@ -251,6 +258,11 @@ def rejection(
         has_lower=k1,
       )
     )
+    if criterion == 'seq_mean_mpe':
+      extra = correction_reject.seq_error_metrics(s, s <= up, n > 0, seq_reward)
+      metrics.update(
+        {f'rollout_rs_{criterion}_{name}': v for name, v in extra.items()}
+      )
   row_level = not any(c.startswith('token_') for c in cfg.rs)
   metrics.update(cm.combined_rs_metrics(keep_rs, m, n, row_level=row_level))
   return keep_rs, metrics
@@ -304,6 +316,7 @@ def rollout_correction(
   *,
   version_gap: jax.Array | None = None,
   gap_buckets: int = 4,
+  seq_reward: jax.Array | None = None,
 ) -> Correction:
   """IS weights, rejection mask and diagnostics for one batch
   (docs/math/correction.md §4).
@@ -318,6 +331,10 @@ def rollout_correction(
       policy version; adds `correction_metrics.version_gap_metrics`
       (`gap<g>/...`, static key set) to the diagnostics.
     gap_buckets: static number of gap buckets (the last one is open).
+    seq_reward: optional float `[B]` sequence rewards; with the
+      `seq_mean_mpe` criterion it adds
+      `rollout_rs_seq_mean_mpe_masked_correct_fraction` (NeMo-RL's share of
+      the dropped rows whose reward is exactly 1). Ignored otherwise.
 
   Returns:
     `Correction(weights, mask, metrics)`, all under `stop_gradient`.
@@ -331,6 +348,11 @@ def rollout_correction(
       or mismatched shapes.
   """
   _check_inputs(train_logp, rollout_logp, mask, cfg)
+  if seq_reward is not None and jnp.shape(seq_reward) != jnp.shape(mask)[:1]:
+    raise ValueError(
+      f'seq_reward has shape {jnp.shape(seq_reward)}; allowed: one reward '
+      f'per row of mask {jnp.shape(mask)}, [B]'
+    )
   dtype = mk.float_dtype(jnp.asarray(train_logp), jnp.asarray(rollout_logp))
   train_logp = jax.lax.stop_gradient(mk.as_float(train_logp, dtype))
   rollout_logp = jax.lax.stop_gradient(mk.as_float(rollout_logp, dtype))
@@ -355,7 +377,9 @@ def rollout_correction(
     metrics.update(cm.version_gap_metrics(r, m, version_gap, gap_buckets))
 
   weights = _is_weights(r, seq_log_ratio, m, n, valid, cfg, metrics)
-  keep = _keep_mask(r, train, rollout, m, n, valid, cfg, metrics, dtype)
+  keep = _keep_mask(
+    r, train, rollout, m, n, valid, cfg, metrics, dtype, seq_reward
+  )
   out_mask = m & keep
   if weights is None:
     weights = jnp.ones(m.shape, dtype)
@@ -407,7 +431,7 @@ def _is_weights(r, seq_log_ratio, m, n, valid, cfg, metrics):
   return weights
 
 
-def _keep_mask(r, train, rollout, m, n, valid, cfg, metrics, dtype):
+def _keep_mask(r, train, rollout, m, n, valid, cfg, metrics, dtype, reward):
   """The rejection-sampling and veto keep mask `[B, T]`; adds their metrics
   to `metrics` (docs/math/correction.md §4)."""
   keep = jnp.ones(m.shape, bool)
@@ -415,7 +439,7 @@ def _keep_mask(r, train, rollout, m, n, valid, cfg, metrics, dtype):
     bkl = None
     if any(c.endswith('_bkl') for c in cfg.rs):
       bkl = correction_reject.kpop_statistic(train, rollout, m)
-    keep_rs, rs_metrics = rejection(r, m, n, cfg, bkl)
+    keep_rs, rs_metrics = rejection(r, m, n, cfg, bkl, reward)
     keep = keep & keep_rs
     metrics.update(rs_metrics)
   for tau, high in ((cfg.veto_low, False), (cfg.veto_high, True)):

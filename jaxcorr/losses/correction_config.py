@@ -3,7 +3,7 @@
 
 A frozen, hashable dataclass (a static jit argument) validated on
 construction. It stores a canonical form: `rs` a tuple of criterion names,
-`rs_bounds` one `(lo, up)` pair per criterion (`lo=None` for k2/k3). verl's
+`rs_bounds` one `(lo, up)` pair per criterion (`lo=None` except k1). verl's
 comma-separated strings and ml-collections lists are accepted. Every invalid
 value raises a `ValueError` naming the field, the value and what is allowed.
 """
@@ -46,6 +46,9 @@ RS_CRITERIA = (
   'seq_sum_bkl',
   'seq_mean_bkl',
   'seq_max_bkl',
+  # NeMo-RL #3671: mean of exp(|log π − log μ|) per sequence; the token and
+  # seq_max forms would be symmetric token_k1 bands and vetoes.
+  'seq_mean_mpe',
 )
 LEGACY_RS_NAMES = {
   'token': 'token_k1',
@@ -111,11 +114,14 @@ def _parse_rs(value: Any, path: str) -> tuple[str, ...]:
 def _parse_bound(
   path: str, criterion: str, entry: Any
 ) -> tuple[float | None, float]:
-  """One `rs_bounds` entry → canonical `(lo, up)` (`lo=None` for k2/k3)."""
+  """One `rs_bounds` entry → canonical `(lo, up)` (`lo=None` unless k1)."""
   k1 = criterion.endswith('_k1')
+  mpe = criterion.endswith('_mpe')
   field = f'{path}[{criterion}]'
   if k1:
     allowed = "'lo_up', (lo, up) or a single up, with 0 < lo <= up"
+  elif mpe:
+    allowed = 'a single number up >= 1 (no lower bound for mpe)'
   else:
     allowed = 'a single number up > 0 (no lower bound for k2/k3)'
   lo: float | None
@@ -135,11 +141,14 @@ def _parse_bound(
     lo = None if entry[0] is None else _real(field, entry[0], allowed)
     up = _real(field, entry[1], allowed)
     if lo is not None and not k1:
-      fail(field, entry, allowed, 'k2/k3 take no lower bound')
+      fail(field, entry, allowed, 'only k1 takes a lower bound')
   else:
     lo, up = None, _real(field, entry, allowed)
   if not up > 0:
     fail(field, entry, allowed, 'the upper bound must be > 0')
+  if mpe and up < 1:
+    why = 'every sequence error is >= 1, so up < 1 drops every sequence'
+    fail(field, entry, allowed, why)
   if not k1:
     return (None, up)
   if lo is None:
@@ -174,7 +183,7 @@ class CorrectionConfig:
   validated.
 
   `rs` is stored as a tuple of criterion names and `rs_bounds` as one
-  `(lo, up)` pair per criterion (`lo=None` for k2/k3). verl's strings
+  `(lo, up)` pair per criterion (`lo=None` except for k1). verl's strings
   (`rs='token_k1,seq_max_k3'`, `rs_bounds='0.5_2.0,0.01'`) and lists are
   accepted; `''` means none. For k1 criteria the band bounds ρ =
   π_train/π_rollout: keep `lo ≤ ratio ≤ up` (D1). Every invalid value raises
@@ -221,7 +230,7 @@ class CorrectionConfig:
     (),
     None,
     "One bound per criterion (or one for all), comma-separated: k1 'lo_up' "
-    "or 'up' (lo = 1/up), k2/k3 'up'; '' for none.",
+    "or 'up' (lo = 1/up), k2/k3/bkl 'up' > 0, mpe 'up' >= 1; '' for none.",
     cli='',
   )
   veto_low: float | None = setting(

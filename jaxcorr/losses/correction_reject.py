@@ -7,9 +7,13 @@
   of `jaxcorr.losses.correction` (keep `stat ≤ up`). IcePop is the `token_k1`
   band with unbounded token IS weights (see docs/correction.md §2).
 * **Sequence log-prob error masking** (NeMo-RL #3671): a sequence's error is
-  the mean of `exp(|log π_train − log μ|)` over its valid tokens; sequences
-  whose error exceeds a threshold leave the batch, and the share of them
-  that were correct (reward exactly 1) is logged (`masked_correct_fraction`).
+  the mean of `mpe_t = exp(|log π_train − log μ|)` (NeMo's "multiplicative
+  probability error") over its valid tokens; sequences whose error exceeds a
+  threshold leave the batch, and the share of them that were correct
+  (reward exactly 1) is logged (`masked_correct_fraction`). In a config it
+  is the RS criterion `seq_mean_mpe` of `jaxcorr.losses.correction`, whose
+  extra metrics come from `seq_error_metrics`; `seq_logprob_error_mask` is
+  the same computation alone, in NeMo's shape.
 
 Everything is pure and jit-able; padding is zeroed at the inputs.
 """
@@ -79,6 +83,56 @@ def kpop_statistic(
 # ------------------------------------------ sequence log-prob error (NeMo)
 
 
+def mult_prob_error(r: jax.Array) -> jax.Array:
+  """NeMo's token error `mpe_t = exp(|r̂_t|) = max(ρ_t, 1/ρ_t) ≥ 1`.
+
+  `r̂ = clip(r, ±20)` like every `exp` of a log-ratio here (D11 in
+  docs/correction.md): NeMo exponentiates the raw `|Δ|`, which overflows
+  to inf past |Δ| ≈ 88 in float32 and turns its mean and max metrics into
+  inf; the verdict is the same for any threshold below e^20 ≈ 4.85e8.
+
+  Args:
+    r: `[B, T]` log-ratio `log π_train − log μ` (0 outside the mask).
+  """
+  return jnp.exp(jnp.minimum(jnp.abs(r), mk.SAFETY_BOUND))
+
+
+def seq_error_metrics(
+  err: jax.Array,
+  keep: jax.Array,
+  valid: jax.Array,
+  seq_reward: jax.Array | None,
+) -> dict[str, jax.Array]:
+  """NeMo's after-mask statistics and masked-correct share of one verdict.
+
+  Args:
+    err: `[B]` sequence errors `e_i` (0 for empty rows).
+    keep: bool `[B]` the verdict (`e_i ≤ threshold`, empty rows kept).
+    valid: bool `[B]` non-empty rows.
+    seq_reward: `[B]` sequence rewards, or None (then no
+      `masked_correct_fraction`).
+
+  Returns:
+    `kept_seq_{mean,max,min}` over the kept non-empty rows (0 for an empty
+    set, D14) and, with rewards, `masked_correct_fraction`: the share of
+    the dropped non-empty rows whose reward is exactly 1 (0 when none was
+    dropped).
+  """
+  kept = valid & keep
+  out = {
+    'kept_seq_mean': mk.rows_mean(err, kept),
+    'kept_seq_max': mk.rows_max(err, kept),
+    'kept_seq_min': mk.rows_min(err, kept),
+  }
+  if seq_reward is not None:
+    dropped = valid & ~keep
+    correct = dropped & (jnp.asarray(seq_reward) == 1)
+    out['masked_correct_fraction'] = mk.safe_div(
+      jnp.sum(correct, dtype=err.dtype), jnp.sum(dropped, dtype=err.dtype)
+    )
+  return out
+
+
 def seq_logprob_error_mask(
   train_logp: jax.Array,
   rollout_logp: jax.Array,
@@ -91,7 +145,7 @@ def seq_logprob_error_mask(
   """Drops sequences whose mean `exp(|Δ log-prob|)` exceeds a threshold.
 
   With `m = token_mask ∧ sample_mask_i` and `n_i = Σ_t m`, the error is
-  `e_i = Σ_t exp(|train − rollout|)·m / n_i` (rows with `n_i = 0` have no
+  `e_i = Σ_t mpe_t·m / n_i` (`mult_prob_error`; rows with `n_i = 0` have no
   error and take no part in the statistics). With a threshold,
   `sample_mask_i ← sample_mask_i ∧ e_i ≤ threshold`; a masked sequence is
   "correct" when its reward is exactly 1.
@@ -101,7 +155,7 @@ def seq_logprob_error_mask(
     token_mask: bool `[B, T]` valid response tokens.
     sample_mask: bool `[B]` sequences in the batch.
     rewards: `[B]` sequence rewards.
-    threshold: the error bound (> 1), or None for diagnostics only.
+    threshold: the error bound (≥ 1), or None for diagnostics only.
 
   Returns:
     `(sample_mask_after [B] bool, metrics)` with `seq_mult_prob_error_{max,
@@ -122,10 +176,11 @@ def seq_logprob_error_mask(
   )
   mk.check_shapes({'sample_mask': sample_mask, 'rewards': rewards}, ndim=1)
   if threshold is not None and not (
-    mk.is_number(threshold) and math.isfinite(threshold)
+    mk.is_number(threshold) and math.isfinite(threshold) and threshold >= 1
   ):
     raise ValueError(
-      f'threshold={threshold!r} is invalid; allowed: a finite number or None'
+      f'threshold={threshold!r} is invalid; allowed: a finite number >= 1 '
+      '(every error is >= 1, so a smaller one drops every sequence) or None'
     )
   m = token_mask & sample_mask[:, None]
   dtype = mk.float_dtype(train_logp, rollout_logp)
@@ -133,28 +188,24 @@ def seq_logprob_error_mask(
     rollout_logp, m, dtype
   )
   n = mk.row_count(m, dtype)
-  err = mk.safe_div(mk.row_sum(jnp.exp(jnp.abs(delta)), m), n)
+  err = mk.safe_div(mk.row_sum(mult_prob_error(delta), m), n)
   valid = n > 0
   keep = sample_mask
   if threshold is not None:
     keep = sample_mask & (err <= threshold)
-  dropped = sample_mask & ~keep
-  kept_valid = valid & keep
-  n_dropped = jnp.sum(dropped, dtype=dtype)
-  correct = dropped & (jnp.asarray(rewards) == 1)
+  after = seq_error_metrics(err, keep, valid, rewards)
   metrics = {
     'seq_mult_prob_error_max': mk.rows_max(err, valid),
     'seq_mult_prob_error_mean': mk.rows_mean(err, valid),
     'seq_mult_prob_error_min': mk.rows_min(err, valid),
-    'seq_mult_prob_error_max_after_mask': mk.rows_max(err, kept_valid),
-    'seq_mult_prob_error_mean_after_mask': mk.rows_mean(err, kept_valid),
-    'seq_mult_prob_error_min_after_mask': mk.rows_min(err, kept_valid),
-    'num_masked_seqs': n_dropped,
-    'masked_correct_fraction': mk.safe_div(
-      jnp.sum(correct, dtype=dtype), n_dropped
-    ),
+    'seq_mult_prob_error_max_after_mask': after['kept_seq_max'],
+    'seq_mult_prob_error_mean_after_mask': after['kept_seq_mean'],
+    'seq_mult_prob_error_min_after_mask': after['kept_seq_min'],
+    # A dropped row is non-empty: an empty one has error 0 < 1 ≤ threshold.
+    'num_masked_seqs': jnp.sum(sample_mask & ~keep, dtype=dtype),
+    'masked_correct_fraction': after['masked_correct_fraction'],
     'num_valid_seqs_before': jnp.sum(valid, dtype=dtype),
-    'num_valid_seqs_after': jnp.sum(kept_valid, dtype=dtype),
+    'num_valid_seqs_after': jnp.sum(valid & keep, dtype=dtype),
   }
   return jax.lax.stop_gradient(keep), jax.lax.stop_gradient(metrics)
 

@@ -326,7 +326,7 @@ def _decoupled(corr_cfg, mask, old_logp, correction) -> _Corrected:
   )
 
 
-def _bypass(corr_cfg, logp, mask, old_logp, rollout_logp, correction, gap):
+def _bypass(corr_cfg, logp, mask, old_logp, rollout_logp, correction, extra):
   """The correction runs here on sg(logp) vs μ, and μ plays π_old."""
   if correction is not None or old_logp is not None:
     given = 'correction' if correction is not None else 'old_logp'
@@ -336,7 +336,7 @@ def _bypass(corr_cfg, logp, mask, old_logp, rollout_logp, correction, gap):
     )
   masked.require(rollout_logp, 'rollout_logp', 'in bypass mode')
   corr = corr_lib.rollout_correction(
-    jax.lax.stop_gradient(logp), rollout_logp, mask, corr_cfg, **gap
+    jax.lax.stop_gradient(logp), rollout_logp, mask, corr_cfg, **extra
   )
   use_w = corr_cfg.bypass_loss == 'reinforce' and corr_cfg.is_level is not None
   weights = corr.weights if use_w else None
@@ -398,6 +398,7 @@ def actor_objective(
   key: jax.Array | None = None,
   version_gap: jax.Array | None = None,
   gap_buckets: int = 4,
+  seq_reward: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The actor loss of one (mini- or micro-) batch (docs/math/losses.md §5).
 
@@ -427,6 +428,8 @@ def actor_objective(
     key: PRNG key, required by `clip_cov`.
     version_gap, gap_buckets: bypass mode only: the `rollout_correction`
       arguments of its per-version-gap metrics (async training).
+    seq_reward: optional `[B]` sequence rewards, for the bypass
+      correction's masked-correct metric (`rollout_correction`).
 
   Returns:
     `(loss, metrics)`: a scalar and a dict of scalars whose keys depend only
@@ -458,7 +461,10 @@ def actor_objective(
   elif corr_cfg.mode == 'decoupled':
     c = _decoupled(corr_cfg, mask, old_logp, correction)
   else:
-    c = _bypass(corr_cfg, logp, mask, old_logp, rollout_logp, correction, gap)
+    c = _bypass(
+      corr_cfg, logp, mask, old_logp, rollout_logp, correction,
+      dict(gap, seq_reward=seq_reward),
+    )  # fmt: skip
 
   counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
   pg, pg_metrics = policy_lib.policy_loss(

@@ -82,6 +82,7 @@ def prepare(
       mask,
       corr,
       **gap_arguments(run, batch.version_gap),
+      seq_reward=batch.seq_reward,
     )
     batch = batch.replace(corr_weights=c.weights, corr_mask=c.mask)
     metrics.update(c.metrics)

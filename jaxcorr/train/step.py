@@ -151,6 +151,7 @@ class Steps:
       norm=run.rollout.max_new_tokens,
       key=key,
       **gap,
+      seq_reward=mic.seq_reward,
     )
 
   def _critic_loss(self, critic_params, mic: TrainBatch, counts):
