@@ -23,7 +23,10 @@ Python literal, else a string), e.g. `--set rollout.mode=async`;
 `--rollouts`, every process also writes `<rollouts>/p<process_id>.npz`: for
 each workdir and RL step, the rows this process trained on,
 `<name>/step<s>/<field>` (`ROLLOUT_FIELDS` of its `RolloutBatch`, and
-`rewards`), as they left its rollout source.
+`rewards`), as they left its rollout source. `--preempt <name>:<step>`
+sends this process SIGTERM once workdir `<name>` has trained step `<step>`:
+the trainer's preemption path (checkpoint, stop) with the rollouts of the
+next steps in flight.
 
 The device count must be set before anything starts the JAX backend, hence a
 script of its own rather than code in the pytest process.
@@ -81,6 +84,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     default='',
     help="folder for each process's trained rows (module docstring)",
   )
+  p.add_argument(
+    '--preempt',
+    default='',
+    metavar='WORKDIR:STEP',
+    help='SIGTERM after that workdir trained that step',
+  )
   return p.parse_args(argv)
 
 
@@ -119,6 +128,22 @@ def record_rollouts(trainer: Any, run: str, arrays: dict) -> None:
     return train_on(scored)
 
   trainer.train_on = recording
+
+
+def preempt_after(trainer: Any, step: int) -> None:
+  """Wraps `trainer.train_on` to send this process SIGTERM right after
+  training step `step` (from 1); the loop's guard turns it into a stop."""
+  import signal
+
+  train_on = trainer.train_on
+
+  def training(scored: Any) -> Any:
+    out = train_on(scored)
+    if scored.step + 1 == step:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return out
+
+  trainer.train_on = training
 
 
 def host_params(trainer: Any, params: Any) -> dict[str, Any]:
@@ -204,6 +229,8 @@ def main(argv: list[str]) -> None:
     trainer = Trainer(config, workdir, config_name=name)
     if args.rollouts:
       record_rollouts(trainer, run, rollouts)
+    if args.preempt.rpartition(':')[0] == run:
+      preempt_after(trainer, int(args.preempt.rpartition(':')[2]))
     trainer.train()
     final = host_params(trainer, trainer.state.params)
     arrays.update({f'{run}/final/{k}': v for k, v in final.items()})

@@ -33,7 +33,9 @@ recording the rows it trained on (`--rollouts`):
   mode (rows, metrics, the step-2 checkpoint); and every row agrees up to
   the first token whose sampling version differs (its tokens and log-probs
   there; rows whose versions all agree, whole, with their rewards).
-  Measured: 15 of step 3's 16 rows have equal tokens, 12 equal versions.
+  Measured: 10 of step 3's 16 rows were sampled by the same versions in
+  both runs (2 by version 0 alone in 1 process, 4 by 0 then 1; all by 1 in
+  2 processes), 15 have equal tokens.
   With max_staleness=1 the scheduled stream never swaps in flight (draw
   e + 1 waits for version e) and is the fixed-lag async mode, which
   agrees.
