@@ -36,9 +36,10 @@ recording the rows it trained on (`--rollouts`):
   Measured: 10 of step 3's 16 rows were sampled by the same versions in
   both runs (2 by version 0 alone in 1 process, 4 by 0 then 1; all by 1 in
   2 processes), 15 have equal tokens.
-  With max_staleness=1 the scheduled stream never swaps in flight (draw
-  e + 1 waits for version e) and is the fixed-lag async mode, which
-  agrees.
+* With max_staleness=1 the scheduled stream never swaps in flight (draw
+  e + 1 waits for version e): it is the fixed-lag async mode bit for bit,
+  checked in the 1-process job of the async test (`stream1`), so it
+  agrees across process counts like the async mode.
 
 The async test runs in the default suite; the stream one is `slow`.
 """
@@ -65,15 +66,36 @@ STREAM = (
 VOLATILE = (*mh.VOLATILE, 'stream/')
 
 
-def _jobs(root: pathlib.Path, sets: tuple[str, ...]) -> None:
-  """2 x 4 devices into `root/two`, 1 x 8 into `root/one`."""
+# The scheduled stream with max_staleness=1, next to `one` in its job.
+STREAM_LAG1 = tuple(
+  f'stream1:{s}'
+  for s in (
+    'rollout.mode=stream',
+    'rollout.weight_sync=scheduled',
+    'rollout.max_staleness=1',
+    'rollout.queue_size=2',
+    'rollout.decode_chunk=2',
+  )
+)
+
+
+def _jobs(
+  root: pathlib.Path, sets: tuple[str, ...], more: tuple[str, ...] = ()
+) -> None:
+  """2 x 4 devices into `root/two`, 1 x 8 into `root/one` and the
+  workdirs `more` (a second one compiles nothing)."""
   common = [f'--num_steps={STEPS}', *(f'--set={s}' for s in sets)]
   for name, processes, devices in (('two', 2, 4), ('one', 1, 8)):
+    extra = []
+    if name == 'one' and more:
+      extra = [f'--workdir={root / m}' for m in more]
+      extra.append(f'--compile_cache={root / "compile_cache"}')
     mh._job(
       processes,
       devices,
       [
         f'--workdir={root / name}',
+        *extra,
         f'--out={root / name}.npz',
         f'--rollouts={root / name}_rows',
         *common,
@@ -81,16 +103,17 @@ def _jobs(root: pathlib.Path, sets: tuple[str, ...]) -> None:
     )
 
 
-def _rows(root: pathlib.Path, name: str, processes: int) -> dict:
-  """{step: {field: array}}: the rows trained at each step, the processes'
-  shares concatenated (their group ids made global)."""
+def _rows(root: pathlib.Path, job: str, processes: int, run: str = '') -> dict:
+  """{step: {field: array}}: the rows workdir `run` (default: `job`)
+  trained on at each step, the processes' shares concatenated (their group
+  ids made global)."""
   shares = []
   for p in range(processes):
-    with np.load(root / f'{name}_rows' / f'p{p}.npz') as f:
+    with np.load(root / f'{job}_rows' / f'p{p}.npz') as f:
       shares.append({k: f[k] for k in f.files})
   out = {}
   for step in range(1, STEPS + 1):
-    prefix = f'{name}/step{step}/'
+    prefix = f'{run or job}/step{step}/'
     fields = {}
     for key in shares[0]:
       if key.startswith(prefix):
@@ -122,7 +145,7 @@ def _stable(rows: list[dict]) -> list[dict]:
 
 
 def test_async_two_processes_agree_with_one(tmp_path):
-  _jobs(tmp_path, ASYNC)
+  _jobs(tmp_path, ASYNC + STREAM_LAG1, more=('stream1',))
   two, one = _rows(tmp_path, 'two', 2), _rows(tmp_path, 'one', 1)
   for step in range(1, STEPS + 1):
     versions = one[step]['policy_version'][one[step]['response_mask']]
@@ -145,6 +168,20 @@ def test_async_two_processes_agree_with_one(tmp_path):
   assert diff <= mh.PARAM_ATOL
   moved = mh._max_diff(final_one, mh._params(one_arrays, 'one/step0'))
   assert moved > 50 * mh.PARAM_ATOL, moved
+
+  # The scheduled stream with max_staleness=1 never swaps in flight (draw
+  # e + 1 waits for version e): it is the fixed lag, bit for bit.
+  stream = _rows(tmp_path, 'one', 1, run='stream1')
+  for step in range(1, STEPS + 1):
+    for field, x in one[step].items():
+      np.testing.assert_array_equal(stream[step][field], x, err_msg=field)
+  stream_metrics = _stable(mh._metrics(tmp_path / 'stream1'))
+  assert stream_metrics == _stable(metrics_one)
+  assert all(
+    r['stream/swaps_in_flight'] == 0 for r in mh._metrics(tmp_path / 'stream1')
+  )
+  final_stream = mh._params(one_arrays, 'stream1/final')
+  assert mh._max_diff(final_stream, final_one) == 0
 
 
 def _common_prefix(a: dict, b: dict) -> np.ndarray:
