@@ -22,9 +22,9 @@ recording the rows it trained on (`--rollouts`):
   its rows carry versions 0 then 1); 2 processes decode draws 0 and 1 (8
   rows each) side by side, emit both in one chunk and take version 1 with
   nothing in flight, so draw 2 is sampled by version 1 whole. With 8 slots
-  per process (16 in all) the same 4 rows per process are mixed, but rows
-  0-2 and 8-10 instead of rows 0-5: a row's admission chunk follows its
-  place in its own process's queue. So the stream does not agree row for
+  per process (16 in all) as many rows start under version 0 (6, 4 of
+  them mixed), but rows 0-2 and 8-10 instead of rows 0-5: a row's
+  admission chunk follows its place in its own process's queue. So the stream does not agree row for
   row, and cannot without making the swap points a function of the row
   rather than of the slots. What holds, and is asserted: every batch holds
   the same prompts (the loader's draw s) with the same sampling keys;
