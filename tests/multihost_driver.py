@@ -17,6 +17,17 @@ trainer's parameters at the end) and `<name>/step<s>/<path>` for every
 checkpoint in the workdir, restored by this job (its process count and
 device layout).
 
+`--set section.field=value` (repeatable) overrides the config (the value a
+Python literal, else a string), e.g. `--set rollout.mode=async`;
+`--set <name>:section.field=value` only that of workdir `<name>`. With
+`--rollouts`, every process also writes `<rollouts>/p<process_id>.npz`: for
+each workdir and RL step, the rows this process trained on,
+`<name>/step<s>/<field>` (`ROLLOUT_FIELDS` of its `RolloutBatch`, and
+`rewards`), as they left its rollout source. `--preempt <name>:<step>`
+sends this process SIGTERM once workdir `<name>` has trained step `<step>`:
+the trainer's preemption path (checkpoint, stop) with the rollouts of the
+next steps in flight.
+
 The device count must be set before anything starts the JAX backend, hence a
 script of its own rather than code in the pytest process.
 """
@@ -32,6 +43,15 @@ import jax
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REWARD = 'test_scattered'
+ROLLOUT_FIELDS = (
+  'prompt_tokens',
+  'response_tokens',
+  'response_mask',
+  'rollout_logp',
+  'policy_version',
+  'group_id',
+  'sample_id',
+)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -51,7 +71,79 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     help='persistent compilation cache: a second workdir in the same '
     'process then compiles nothing',
   )
+  p.add_argument(
+    '--set',
+    action='append',
+    default=[],
+    metavar='[WORKDIR:]SECTION.FIELD=VALUE',
+    help='config override (repeatable), of one workdir (its basename) or '
+    'of all',
+  )
+  p.add_argument(
+    '--rollouts',
+    default='',
+    help="folder for each process's trained rows (module docstring)",
+  )
+  p.add_argument(
+    '--preempt',
+    default='',
+    metavar='WORKDIR:STEP',
+    help='SIGTERM after that workdir trained that step',
+  )
   return p.parse_args(argv)
+
+
+def apply_overrides(config: Any, overrides: list[str], run: str) -> Any:
+  """A copy of `config` with the `--set` items of all workdirs and of `run`
+  (a value is a Python literal, else the string)."""
+  import ast
+
+  config = config.copy_and_resolve_references()
+  for item in overrides:
+    path, _, text = item.partition('=')
+    name, _, path = path.rpartition(':')
+    if name and name != run:
+      continue
+    section, field = path.split('.')
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = text
+    config[section][field] = value
+  return config
+
+
+def record_rollouts(trainer: Any, run: str, arrays: dict) -> None:
+  """Wraps `trainer.train_on` to copy each step's local rows to
+  `arrays['<run>/step<s>/<field>']` (s = the step it trains, from 1)."""
+  import numpy as np
+
+  train_on = trainer.train_on
+
+  def recording(scored: Any) -> Any:
+    prefix = f'{run}/step{scored.step + 1}'
+    for field in ROLLOUT_FIELDS:
+      arrays[f'{prefix}/{field}'] = np.asarray(getattr(scored.batch, field))
+    arrays[f'{prefix}/rewards'] = np.asarray(scored.rewards)
+    return train_on(scored)
+
+  trainer.train_on = recording
+
+
+def preempt_after(trainer: Any, step: int) -> None:
+  """Wraps `trainer.train_on` to send this process SIGTERM right after
+  training step `step` (from 1); the loop's guard turns it into a stop."""
+  import signal
+
+  train_on = trainer.train_on
+
+  def training(scored: Any) -> Any:
+    out = train_on(scored)
+    if scored.step + 1 == step:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return out
+
+  trainer.train_on = training
 
 
 def host_params(trainer: Any, params: Any) -> dict[str, Any]:
@@ -129,9 +221,16 @@ def main(argv: list[str]) -> None:
   config.optim.schedule = 'constant'
   config.optim.warmup_steps = 0
   arrays = {}
+  rollouts = {}
+  base = config
   for workdir in args.workdir:
     run = os.path.basename(os.path.normpath(workdir))
+    config = apply_overrides(base, args.set, run)
     trainer = Trainer(config, workdir, config_name=name)
+    if args.rollouts:
+      record_rollouts(trainer, run, rollouts)
+    if args.preempt.rpartition(':')[0] == run:
+      preempt_after(trainer, int(args.preempt.rpartition(':')[2]))
     trainer.train()
     final = host_params(trainer, trainer.state.params)
     arrays.update({f'{run}/final/{k}': v for k, v in final.items()})
@@ -141,6 +240,9 @@ def main(argv: list[str]) -> None:
     trainer.close()
   if jax.process_index() == 0:
     np.savez(args.out, **arrays)
+  if args.rollouts:
+    os.makedirs(args.rollouts, exist_ok=True)
+    np.savez(f'{args.rollouts}/p{args.process_id}.npz', **rollouts)
   print(f'DONE process {args.process_id}', flush=True)
 
 
