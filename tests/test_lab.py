@@ -50,20 +50,65 @@ def test_mismatch_definitions():
   assert lab.mismatch_overrides('stale4+stale1')['rollout.max_staleness'] == 1
 
 
-@pytest.mark.parametrize('name', ['bf17', 'stalex', 'stale-1', 'int4', ''])
+def test_inflight_mismatch():
+  """`inflight<k>`: the streaming producer with scheduled (reproducible)
+  in-flight swaps, chunks short enough for rows to span several."""
+  want = {
+    'rollout.mode': 'stream',
+    'rollout.max_staleness': 2,
+    'rollout.queue_size': 2,
+    'rollout.weight_sync': 'scheduled',
+    'rollout.decode_chunk': lab.INFLIGHT_DECODE_CHUNK,
+  }
+  assert lab.mismatch_overrides('inflight2') == want
+  assert (
+    lab.make_config('off').rollout.max_new_tokens > lab.INFLIGHT_DECODE_CHUNK
+  )
+  one = lab.mismatch_overrides('inflight1')
+  assert (one['rollout.max_staleness'], one['rollout.queue_size']) == (1, 1)
+  # k = 0 still lets one batch be decoded (queue_size must be >= 1).
+  assert lab.mismatch_overrides('inflight0')['rollout.queue_size'] == 1
+  combo = lab.mismatch_overrides('bf16+inflight3')
+  assert combo['rollout.engine_dtype'] == 'bfloat16'
+  assert combo['rollout.max_staleness'] == 3
+  # Later parts win: a fixed lag after the stream switches the mode back.
+  assert lab.mismatch_overrides('inflight2+stale1')['rollout.mode'] == 'async'
+
+
+@pytest.mark.parametrize(
+  'name',
+  [
+    'bf17',
+    'stalex',
+    'stale-1',
+    'int4',
+    '',
+    'inflight',
+    'inflight-2',
+    'inflightx',
+    'flight2',
+    '2',
+  ],
+)
 def test_unknown_mismatch(name):
-  with pytest.raises(ValueError, match='unknown mismatch'):
+  with pytest.raises(ValueError, match='unknown mismatch') as e:
     lab.mismatch_overrides(name)
+  # The message names the allowed forms.
+  for form in ('none', 'bf16', 'stale<k>', 'inflight<k>', '+-joined'):
+    assert form in str(e.value)
 
 
-@pytest.mark.parametrize('mismatch', [*lab.MISMATCHES, 'stale8', 'bf16+stale2'])
+@pytest.mark.parametrize(
+  'mismatch',
+  [*lab.MISMATCHES, 'stale8', 'bf16+stale2', 'inflight2', 'bf16+inflight1'],
+)
 def test_every_mismatch_builds_a_valid_run(mismatch):
   """The trainer's start-up validation accepts every definition."""
   config = lab.make_config('disabled', mismatch)
   run = run_config.build(config)
   want = lab.mismatch_overrides(mismatch)
   if 'rollout.mode' in want:
-    assert run.rollout.mode == 'async'
+    assert run.rollout.mode == want['rollout.mode']
     assert run.rollout.max_staleness == want['rollout.max_staleness']
   else:
     assert run.rollout.mode == 'sync'

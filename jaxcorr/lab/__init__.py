@@ -10,8 +10,9 @@ into an otherwise exact engine and training every preset against it.
 
 Mismatches (`MISMATCHES`, combinable with `+`, e.g. `bf16+stale4`): `none`
 (the control), `bf16` and `int8` engine weights, `stale<k>` (asynchronous
-rollouts k policy versions behind) and `severe` (all three, k = 8); see
-`mismatch_overrides`. Presets are the names of `configs/presets.py` plus
+rollouts k policy versions behind), `inflight<k>` (streaming rollouts with
+weights swapped in mid-sequence, no token older than k versions) and
+`severe` (bf16 + int8 + stale8); see `mismatch_overrides`. Presets are the names of `configs/presets.py` plus
 `off` (`correction.enabled=False`: no correction and no diagnostics). The
 supervised warm-up does not depend on the preset or the mismatch, so a grid
 runs it once per seed (`sft_checkpoint`) and starts every experiment of that
@@ -36,15 +37,18 @@ Modules (everything public is re-exported here, `from jaxcorr import lab`):
 
 from jaxcorr.lab.config import (
   DEFAULT_STALENESS,
+  INFLIGHT_DECODE_CHUNK,
   LAB,
   MISMATCHES,
   OFF,
   SFT_FIELDS,
   SMALL,
   env_small,
+  inflight_overrides,
   make_config,
   mismatch_overrides,
   sft_signature,
+  stale_overrides,
 )
 from jaxcorr.lab.plots import (
   DIAGNOSTICS,
@@ -84,6 +88,7 @@ __all__ = [
   'CURVE_KEYS',
   'DEFAULT_STALENESS',
   'DIAGNOSTICS',
+  'INFLIGHT_DECODE_CHUNK',
   'LAB',
   'MISMATCHES',
   'OFF',
@@ -100,6 +105,7 @@ __all__ = [
   'default_plan',
   'enable_compile_cache',
   'env_small',
+  'inflight_overrides',
   'load_results',
   'make_config',
   'markdown_table',
@@ -114,6 +120,7 @@ __all__ = [
   'save_plots',
   'sft_checkpoint',
   'sft_signature',
+  'stale_overrides',
   'summarise',
   'write_results',
 ]
