@@ -30,7 +30,7 @@ Modules (everything public is re-exported here, `from jaxcorr import lab`):
   runs      `run_experiment`, shared warm-ups, `Grid`, `default_plan`,
             `run_grid`
   summary   `summarise` and `curves` of a run, `aggregate` over seeds
-  results   the markdown table, results.json / results.md on disk
+  results   the markdown tables, results.json / results.md on disk
   plots     the matplotlib figures and `save_plots`
   __main__  the command line
 """
@@ -59,7 +59,12 @@ from jaxcorr.lab.plots import (
   plot_rewards,
   save_plots,
 )
-from jaxcorr.lab.results import load_results, markdown_table, write_results
+from jaxcorr.lab.results import (
+  load_results,
+  markdown_table,
+  spread_table,
+  write_results,
+)
 from jaxcorr.lab.runs import (
   PRESETS,
   SMALL_MISMATCHES,
@@ -120,6 +125,7 @@ __all__ = [
   'save_plots',
   'sft_checkpoint',
   'sft_signature',
+  'spread_table',
   'stale_overrides',
   'summarise',
   'write_results',
