@@ -1,8 +1,9 @@
 """Sync vs fixed-lag async vs in-flight streaming: step time, idle time,
 tokens/s of the whole RL loop, side by side in one process.
 
-  python bench/async_modes.py              # ~4 minutes on a 2-core CPU
+  python bench/async_modes.py    # ~2 min on 2 CPU cores (~1 min cached)
   python bench/async_modes.py --steps=4 --rounds=2
+  python bench/async_modes.py --cpu_devices=2 --rollout_devices=1
 
 Runs the real trainer (`jaxcorr.train.loop.Trainer`, one per mode, same
 model, batch, seed and task) with the rollout source each mode builds
@@ -37,6 +38,7 @@ extent that each phase alone leaves cores idle (docs/benchmarks.md).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import tempfile
@@ -135,6 +137,8 @@ def summarise(mode: str, rows: list[dict[str, float]]) -> dict[str, float]:
     'engine_idle': med(lambda r: engine_idle(mode, r)),
     'tokens_per_s': sum(r['bench/response_tokens'] for r in rows)
     / sum(r['bench/step'] for r in rows),
+    # sync, async: sampling + scoring one batch (async: in the producer,
+    # next to the update); stream: submit to emit, waits included.
     'rollout': med(lambda r: r['time/rollout'] + r['time/reward']),
     'update': med(
       lambda r: r['bench/step'] - r['bench/next']
@@ -229,7 +233,8 @@ def main() -> None:
   )
   print(
     '\nmode    step s [min-max]      vs sync  trainer idle  engine idle'
-    '  resp tok/s  vs sync  trainer work s  staleness  mixed rows'
+    '  resp tok/s  vs sync  trainer work s  rollout s  staleness'
+    '  mixed rows'
   )
   for m, r in res.items():
     print(
@@ -238,6 +243,7 @@ def main() -> None:
       f'  {r["engine_idle"]:11.0%}  {r["tokens_per_s"]:10.0f}'
       f'  {r["tokens_per_s"] / sync["tokens_per_s"]:6.2f}x'
       f'  {r["update"]:14.3f}'
+      f'  {r["rollout"] if m != "stream" else math.nan:9.3f}'
       f'  {r["staleness"]:9.2f}  {r["mixed"]:10.0%}'
     )
   R, U = sync['rollout'], sync['update']
