@@ -135,8 +135,9 @@ def summarise(mode: str, rows: list[dict[str, float]]) -> dict[str, float]:
     'step_max': max(r['bench/step'] for r in rows),
     'trainer_idle': med(lambda r: r['bench/next'] / r['bench/step']),
     'engine_idle': med(lambda r: engine_idle(mode, r)),
-    'tokens_per_s': sum(r['bench/response_tokens'] for r in rows)
-    / sum(r['bench/step'] for r in rows),
+    # Median of the per-step rates: a rare step that compiles a new decode
+    # shape (seconds) would dominate a ratio of sums.
+    'tokens_per_s': med(lambda r: r['bench/response_tokens'] / r['bench/step']),
     # sync, async: sampling + scoring one batch (async: in the producer,
     # next to the update); stream: submit to emit, waits included.
     'rollout': med(lambda r: r['time/rollout'] + r['time/reward']),
