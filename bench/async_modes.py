@@ -1,7 +1,7 @@
 """Sync vs fixed-lag async vs in-flight streaming: step time, idle time,
 tokens/s of the whole RL loop, side by side in one process.
 
-  python bench/async_modes.py    # ~2 min on 2 CPU cores (~1 min cached)
+  python bench/async_modes.py    # ~2 min on 2 CPU cores (~1.5 cached)
   python bench/async_modes.py --steps=4 --rounds=2
   python bench/async_modes.py --cpu_devices=2 --rollout_devices=1
 
