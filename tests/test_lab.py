@@ -50,20 +50,65 @@ def test_mismatch_definitions():
   assert lab.mismatch_overrides('stale4+stale1')['rollout.max_staleness'] == 1
 
 
-@pytest.mark.parametrize('name', ['bf17', 'stalex', 'stale-1', 'int4', ''])
+def test_inflight_mismatch():
+  """`inflight<k>`: the streaming producer with scheduled (reproducible)
+  in-flight swaps, chunks short enough for rows to span several."""
+  want = {
+    'rollout.mode': 'stream',
+    'rollout.max_staleness': 2,
+    'rollout.queue_size': 2,
+    'rollout.weight_sync': 'scheduled',
+    'rollout.decode_chunk': lab.INFLIGHT_DECODE_CHUNK,
+  }
+  assert lab.mismatch_overrides('inflight2') == want
+  assert (
+    lab.make_config('off').rollout.max_new_tokens > lab.INFLIGHT_DECODE_CHUNK
+  )
+  one = lab.mismatch_overrides('inflight1')
+  assert (one['rollout.max_staleness'], one['rollout.queue_size']) == (1, 1)
+  # k = 0 still lets one batch be decoded (queue_size must be >= 1).
+  assert lab.mismatch_overrides('inflight0')['rollout.queue_size'] == 1
+  combo = lab.mismatch_overrides('bf16+inflight3')
+  assert combo['rollout.engine_dtype'] == 'bfloat16'
+  assert combo['rollout.max_staleness'] == 3
+  # Later parts win: a fixed lag after the stream switches the mode back.
+  assert lab.mismatch_overrides('inflight2+stale1')['rollout.mode'] == 'async'
+
+
+@pytest.mark.parametrize(
+  'name',
+  [
+    'bf17',
+    'stalex',
+    'stale-1',
+    'int4',
+    '',
+    'inflight',
+    'inflight-2',
+    'inflightx',
+    'flight2',
+    '2',
+  ],
+)
 def test_unknown_mismatch(name):
-  with pytest.raises(ValueError, match='unknown mismatch'):
+  with pytest.raises(ValueError, match='unknown mismatch') as e:
     lab.mismatch_overrides(name)
+  # The message names the allowed forms.
+  for form in ('none', 'bf16', 'stale<k>', 'inflight<k>', '+-joined'):
+    assert form in str(e.value)
 
 
-@pytest.mark.parametrize('mismatch', [*lab.MISMATCHES, 'stale8', 'bf16+stale2'])
+@pytest.mark.parametrize(
+  'mismatch',
+  [*lab.MISMATCHES, 'stale8', 'bf16+stale2', 'inflight2', 'bf16+inflight1'],
+)
 def test_every_mismatch_builds_a_valid_run(mismatch):
   """The trainer's start-up validation accepts every definition."""
   config = lab.make_config('disabled', mismatch)
   run = run_config.build(config)
   want = lab.mismatch_overrides(mismatch)
   if 'rollout.mode' in want:
-    assert run.rollout.mode == 'async'
+    assert run.rollout.mode == want['rollout.mode']
     assert run.rollout.max_staleness == want['rollout.max_staleness']
   else:
     assert run.rollout.mode == 'sync'
@@ -247,6 +292,58 @@ def test_aggregate_and_table():
   assert lab.baseline_accuracy(RECORDS) == {0: 0.5, 1: 0.6}
 
 
+def test_summarise_staleness():
+  """The async axis: staleness and version mixing per run (None where a
+  run logs none)."""
+  rows = _rows(
+    [0.5, 0.5, 0.5],
+    [0.5] * 10,
+    **{
+      'rollout/staleness_mean': [0.0] * 5 + [1.0] * 5,
+      'rollout/staleness_max': [0.0] * 5 + [2.0] * 4 + [1.0],
+      'rollout/mixed_version_fraction': [0.0] * 8 + [0.5, 0.3],
+    },
+  )
+  s = lab.summarise(rows)
+  assert s['mean_staleness'] == pytest.approx(0.5)
+  assert s['max_staleness'] == 2.0
+  assert s['mixed_version_fraction'] == pytest.approx(0.08)
+  assert 'rollout/mixed_version_fraction' in lab.curves(rows)
+  s = lab.summarise(_rows([0.5, 0.5, 0.5], [0.5] * 10))
+  assert s['mean_staleness'] is None and s['max_staleness'] is None
+  assert s['mixed_version_fraction'] is None
+
+
+def test_spread_table():
+  lines = lab.spread_table(RECORDS).strip().splitlines()
+  assert len(lines) == 2 + 4
+  # Mean ± sample sd over seeds 0 and 1 (final 0.5, 0.6); Δ base per seed.
+  assert lines[2].startswith(
+    '| none | `disabled` | 0,1 | 0.550 ± 0.071 | 0.000 ± 0.000 |'
+  )
+  assert lines[3].startswith(
+    '| none | `slime_mis` | 0,1 | 0.550 ± 0.071 | 0.000 ± 0.000 |'
+  )
+  stale = next(line for line in lines if '| stale4 | `disabled`' in line)
+  assert '| 0.350 ± 0.071 | -0.200 ± 0.000 |' in stale
+  # Mean kl; no staleness logged; seed 0 fell 0.3 below its peak.
+  assert '| 1.5e-03 | – | – | 1/2 |' in stale
+  # One seed: no sd; a seed without its baseline run: no Δ base.
+  one = [r for r in RECORDS if r['seed'] == 1 and r['preset'] == 'slime_mis']
+  lines = lab.spread_table(one).strip().splitlines()
+  assert lines[2].startswith('| none | `slime_mis` | 1 | 0.600 | – |')
+  # Staleness: mean of the runs' means, the largest max, mixed rows.
+  rec = dict(RECORDS[0])
+  rec['summary'] = {
+    **rec['summary'],
+    'mean_staleness': 1.25,
+    'max_staleness': 2.0,
+    'mixed_version_fraction': 0.1,
+  }
+  line = lab.spread_table([rec]).strip().splitlines()[2]
+  assert '| 1.25 (2) | 0.10 | 0/1 |' in line
+
+
 def test_write_and_load_results(tmp_path):
   import matplotlib
 
@@ -256,6 +353,9 @@ def test_write_and_load_results(tmp_path):
   assert lab.load_results(str(tmp_path)) == json.loads(
     json.dumps(RECORDS)
   )  # tuples -> lists
+  assert 'Means ± sample standard deviation' in (
+    (tmp_path / 'results.md').read_text()
+  )
   for name in (
     'results.md',
     'baseline_seed0.png',

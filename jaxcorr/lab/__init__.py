@@ -10,8 +10,9 @@ into an otherwise exact engine and training every preset against it.
 
 Mismatches (`MISMATCHES`, combinable with `+`, e.g. `bf16+stale4`): `none`
 (the control), `bf16` and `int8` engine weights, `stale<k>` (asynchronous
-rollouts k policy versions behind) and `severe` (all three, k = 8); see
-`mismatch_overrides`. Presets are the names of `configs/presets.py` plus
+rollouts k policy versions behind), `inflight<k>` (streaming rollouts with
+weights swapped in mid-sequence, no token older than k versions) and
+`severe` (bf16 + int8 + stale8); see `mismatch_overrides`. Presets are the names of `configs/presets.py` plus
 `off` (`correction.enabled=False`: no correction and no diagnostics). The
 supervised warm-up does not depend on the preset or the mismatch, so a grid
 runs it once per seed (`sft_checkpoint`) and starts every experiment of that
@@ -29,22 +30,25 @@ Modules (everything public is re-exported here, `from jaxcorr import lab`):
   runs      `run_experiment`, shared warm-ups, `Grid`, `default_plan`,
             `run_grid`
   summary   `summarise` and `curves` of a run, `aggregate` over seeds
-  results   the markdown table, results.json / results.md on disk
+  results   the markdown tables, results.json / results.md on disk
   plots     the matplotlib figures and `save_plots`
   __main__  the command line
 """
 
 from jaxcorr.lab.config import (
   DEFAULT_STALENESS,
+  INFLIGHT_DECODE_CHUNK,
   LAB,
   MISMATCHES,
   OFF,
   SFT_FIELDS,
   SMALL,
   env_small,
+  inflight_overrides,
   make_config,
   mismatch_overrides,
   sft_signature,
+  stale_overrides,
 )
 from jaxcorr.lab.plots import (
   DIAGNOSTICS,
@@ -55,7 +59,12 @@ from jaxcorr.lab.plots import (
   plot_rewards,
   save_plots,
 )
-from jaxcorr.lab.results import load_results, markdown_table, write_results
+from jaxcorr.lab.results import (
+  load_results,
+  markdown_table,
+  spread_table,
+  write_results,
+)
 from jaxcorr.lab.runs import (
   PRESETS,
   SMALL_MISMATCHES,
@@ -84,6 +93,7 @@ __all__ = [
   'CURVE_KEYS',
   'DEFAULT_STALENESS',
   'DIAGNOSTICS',
+  'INFLIGHT_DECODE_CHUNK',
   'LAB',
   'MISMATCHES',
   'OFF',
@@ -100,6 +110,7 @@ __all__ = [
   'default_plan',
   'enable_compile_cache',
   'env_small',
+  'inflight_overrides',
   'load_results',
   'make_config',
   'markdown_table',
@@ -114,6 +125,8 @@ __all__ = [
   'save_plots',
   'sft_checkpoint',
   'sft_signature',
+  'spread_table',
+  'stale_overrides',
   'summarise',
   'write_results',
 ]

@@ -20,6 +20,9 @@ Mismatches (`MISMATCHES`, combinable with `+`, e.g. `bf16+stale4`):
   systematic gap;
 * `stale<k>` (`stale` = `stale4`): asynchronous rollouts, batch s sampled by
   policy version max(s − k, 0), the gap of off-policy training;
+* `inflight<k>`: streaming rollouts, weights swapped into the engine
+  between decode chunks while rows are in flight (one response can mix
+  versions), no token older than k versions;
 * `severe`: all three at once with k = 8.
 
 Presets are the names of `configs/presets.py` plus `off`

@@ -39,7 +39,42 @@ MISMATCHES: dict[str, dict[str, Any]] = {
     'rollout.max_staleness': 8,
   },
 }
-"""Mismatch name -> dotted config overrides; `stale<k>` is parsed."""
+"""Mismatch name -> dotted config overrides; `stale<k>` and `inflight<k>`
+are parsed (`stale_overrides`, `inflight_overrides`)."""
+
+# The in-flight mismatch decodes 2 tokens per chunk so that the task's
+# responses (up to 5 tokens) span several chunks and weight swaps land
+# mid-sequence; with the default 32 every row finishes in one chunk and no
+# row would mix versions.
+INFLIGHT_DECODE_CHUNK = 2
+
+
+def stale_overrides(k: int) -> dict[str, Any]:
+  """`stale<k>`: the fixed-lag producer, batch s sampled whole by the
+  policy of step max(s - k, 0) (jaxcorr/train/async_rollout.py)."""
+  return {'rollout.mode': 'async', 'rollout.max_staleness': k}
+
+
+def inflight_overrides(k: int) -> dict[str, Any]:
+  """`inflight<k>`: the streaming producer (jaxcorr/train/stream_rollout.py)
+  with weights swapped into the engine between decode chunks while rows are
+  in flight, so one response can hold tokens of several versions; no token
+  is older than k versions (`staleness_policy='wait'`).
+
+  `weight_sync='scheduled'` makes the swaps a function of the producer's
+  progress (not of thread timing), so a run is reproducible. Draws and the
+  queue run up to k batches ahead.
+  """
+  return {
+    'rollout.mode': 'stream',
+    'rollout.max_staleness': k,
+    'rollout.queue_size': max(k, 1),
+    'rollout.weight_sync': 'scheduled',
+    'rollout.decode_chunk': INFLIGHT_DECODE_CHUNK,
+  }
+
+
+_PARSED = {'stale': stale_overrides, 'inflight': inflight_overrides}
 
 # Shrinks a run for notebooks and tests: a narrower model, an easier task
 # (operands up to 19, so 150 warm-up steps reach ~0.8 accuracy), fewer and
@@ -114,22 +149,23 @@ def env_small() -> bool:
 def mismatch_overrides(name: str) -> dict[str, Any]:
   """Dotted config overrides of mismatch `name`.
 
-  `name` is one of `MISMATCHES`, `stale<k>` (k ≥ 0 policy versions of lag)
+  `name` is one of `MISMATCHES`, `stale<k>` (fixed lag, k ≥ 0 policy
+  versions), `inflight<k>` (in-flight weight updates, at most k versions)
   or several joined by `+` (`'bf16+stale4'`); later parts win on conflicts.
   """
   out: dict[str, Any] = {}
   for part in name.split('+'):
     part = part.strip()
+    prefix = part.rstrip('0123456789')
     if part in MISMATCHES:
       out.update(MISMATCHES[part])
-    elif part.startswith('stale') and part[5:].isdigit():
-      out.update(
-        {'rollout.mode': 'async', 'rollout.max_staleness': int(part[5:])}
-      )
+    elif prefix in _PARSED and part != prefix:
+      out.update(_PARSED[prefix](int(part[len(prefix) :])))
     else:
       raise ValueError(
         f'unknown mismatch {part!r} in {name!r}: use one of '
-        f'{", ".join(MISMATCHES)}, stale<k>, or a +-joined combination'
+        f'{", ".join(MISMATCHES)}, stale<k>, inflight<k>, or a +-joined '
+        'combination'
       )
   return out
 

@@ -1,5 +1,5 @@
-"""A grid's results on disk: the markdown table (`markdown_table`) and the
-output directory (`write_results`: results.json, results.md and the PNGs;
+"""A grid's results on disk: the markdown tables (`markdown_table`, and
+`spread_table` for means and spread over seeds) and the output directory (`write_results`: results.json, results.md and the PNGs;
 `load_results` reads the records back)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +87,62 @@ def markdown_table(
   return '\n'.join(lines) + '\n'
 
 
+def _mean_sd(xs: Sequence[float | None], sig: int = 3) -> str:
+  """'mean ± sample sd' of the values that exist ('–' for none, no sd for
+  one)."""
+  xs = [x for x in xs if x is not None]
+  if not xs:
+    return '–'
+  if len(xs) == 1:
+    return fmt(xs[0], sig)
+  return f'{fmt(statistics.fmean(xs), sig)} ± {fmt(statistics.stdev(xs), sig)}'
+
+
+def spread_table(records: Sequence[Mapping[str, Any]]) -> str:
+  """One row per (mismatch, preset): mean ± sample standard deviation over
+  seeds of the final accuracy, of `Δ base` (against each seed's own
+  `BASELINE` run) and of the last-20% reward; the mean over seeds of the
+  mean `rollout_corr/kl`, of the staleness (mean, and the largest seen) and
+  of the share of rows that mixed policy versions; collapsed runs."""
+  base = baseline_accuracy(records)
+  groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+  for r in records:
+    groups.setdefault((r['mismatch'], r['preset']), []).append(r)
+  lines = [
+    '| mismatch | preset | seeds | final acc | Δ base | reward last 20% '
+    '| mean kl | staleness mean (max) | mixed-version rows | collapsed |',
+    '|' + '---|' * 10,
+  ]
+  for (mismatch, preset), rs in groups.items():
+    ss = [r['summary'] for r in rs]
+
+    def get(key: str, ss=ss) -> list[Any]:
+      return [s.get(key) for s in ss]
+
+    delta = [
+      s['final_accuracy'] - base[r['seed']]
+      if r['seed'] in base and s['final_accuracy'] is not None
+      else None
+      for r, s in zip(rs, ss)
+    ]
+    kl = [x for x in get('mean_kl') if x is not None]
+    stale = [x for x in get('mean_staleness') if x is not None]
+    worst = [x for x in get('max_staleness') if x is not None]
+    mixed = [x for x in get('mixed_version_fraction') if x is not None]
+    staleness = '–'
+    if stale:
+      staleness = f'{statistics.fmean(stale):.2f} ({max(worst):.0f})'
+    lines.append(
+      f'| {mismatch} | `{preset}` | {",".join(str(r["seed"]) for r in rs)} '
+      f'| {_mean_sd(get("final_accuracy"))} | {_mean_sd(delta)} '
+      f'| {_mean_sd(get("reward_last20"))} '
+      f'| {fmt(statistics.fmean(kl), 2) if kl else "–"} | {staleness} '
+      f'| {fmt(statistics.fmean(mixed), 2) if mixed else "–"} '
+      f'| {sum(bool(s["collapsed"]) for s in ss)}/{len(rs)} |'
+    )
+  return '\n'.join(lines) + '\n'
+
+
 def write_results(
   records: Sequence[Mapping[str, Any]],
   out: str,
@@ -108,6 +165,8 @@ def write_results(
     if any(len(r['seeds']) > 1 for r in aggregate(records)):
       f.write('\nMeans over seeds:\n\n')
       f.write(markdown_table(records, per_seed=False))
+      f.write('\nMeans ± sample standard deviation over seeds:\n\n')
+      f.write(spread_table(records))
   if plots:
     save_plots(records, out)
 

@@ -35,6 +35,7 @@ CURVE_KEYS = (
   'actor/ppo_kl',
   'actor/grad_norm',
   'rollout/staleness_mean',
+  'rollout/mixed_version_fraction',
 )
 """The per-step metrics `run_grid` keeps in results.json."""
 
@@ -61,6 +62,9 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     RL steps (at least one step); max_kl, mean_kl: of `rollout_corr/kl`;
     max_k3_kl; mean_chi2_token; max_ppl_dev: largest |ppl_ratio − 1|;
     rejected_token_fraction, rejected_seq_fraction: means over steps;
+    mean_staleness (of `rollout/staleness_mean`), max_staleness (of
+    `rollout/staleness_max`), mixed_version_fraction (mean share of rows
+    sampled by more than one policy version: in-flight weight updates);
     nonfinite: steps with a non-finite actor loss; collapsed (see
     `COLLAPSE_DROP`). Metrics a run does not log (the `off` preset logs no
     `rollout_corr/`) are None.
@@ -73,6 +77,7 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
   k3 = series(rl, 'rollout_corr/k3_kl')
   ppl = series(rl, 'rollout_corr/ppl_ratio')
   losses = series(rl, 'actor/loss')
+  stale = series(rl, 'rollout/staleness_max')
   nonfinite = sum(not math.isfinite(x) for x in losses)
   out = {
     'steps': len(rl),
@@ -91,6 +96,11 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     ),
     'rejected_seq_fraction': _mean(
       series(rl, 'rollout_corr/rejected_seq_fraction')
+    ),
+    'mean_staleness': _mean(series(rl, 'rollout/staleness_mean')),
+    'max_staleness': max(stale) if stale else None,
+    'mixed_version_fraction': _mean(
+      series(rl, 'rollout/mixed_version_fraction')
     ),
     'nonfinite': nonfinite,
   }
