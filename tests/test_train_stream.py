@@ -10,9 +10,16 @@ import json
 import numpy as np
 
 from configs import arith_tiny
+from jaxcorr.train import reward_fns
 from jaxcorr.train.loop import Trainer
 
 VOLATILE = ('time/', 'perf/', 'stream/')
+LENGTH_REWARD = 'test_response_length'
+if LENGTH_REWARD not in reward_fns.REWARDS:
+  # An untrained pulse model never solves a problem: without a reward that
+  # differs within a group the updates are zero and every version holds the
+  # same weights, so a wrong version could not show.
+  reward_fns.register(LENGTH_REWARD)(lambda response, answer: len(response))
 
 
 def _config(**overrides):
@@ -21,8 +28,11 @@ def _config(**overrides):
   c.rollout.max_staleness = 2
   c.rollout.queue_size = 2
   c.rollout.decode_chunk = 2  # rows span several chunks, hence swaps
+  c.reward.functions = f'exact_match,{LENGTH_REWARD}:0.1'
   c.train.num_steps = 4
   c.train.eval_every = 0
+  # Scheduled streams drain at checkpoint steps; none inside this run.
+  c.train.checkpoint_every = 0
   for path, value in overrides.items():
     section, field = path.split('__')
     c[section][field] = value
@@ -52,6 +62,8 @@ def test_scheduled_stream_is_bounded_mixed_and_reproducible(tmp_path):
     assert r['rollout/stale_dropped_fraction'] == 0
     assert 0 <= r['stream/engine_idle_fraction'] <= 1
     assert 0 <= r['stream/trainer_idle_fraction'] <= 1
+  # Every update moves the weights, so the versions differ.
+  assert min(r['actor/grad_norm'] for r in rows) > 0
   # In flight: some batch holds rows sampled by two versions.
   assert max(r['rollout/mixed_version_fraction'] for r in rows) > 0
   assert max(r['stream/swaps_in_flight'] for r in rows) >= 1

@@ -32,16 +32,22 @@ and finished batches wait in a queue of that size.
 `weight_sync='latest'` swaps in the newest published version at each chunk
 boundary (PipelineRL); where the swaps fall depends on thread timing.
 `'scheduled'` makes them a function of the producer's own progress: before
-each chunk the engine holds exactly version max(start, e - min(L, 1)), e =
+each chunk the engine holds exactly version max(b(e), e - min(L, 1)), e =
 batches finished so far, waiting for it to be published. Decoding is
 deterministic, so the whole stream (tokens, versions, log-probs) is
 reproducible run to run.
 
 Resume: a checkpoint after step s records the loader state after draw s,
-so a resumed run draws the same prompts from s + 1 on. Rows in flight at
-the checkpoint are not saved: they are sampled again from their first
-token, under the resumed weights, so the batches after a resume differ in
-their tokens (not their prompts) from an uninterrupted run (docs/async.md).
+so a resumed run draws the same prompts from s + 1 on; rows in flight at
+the checkpoint are not saved. With 'scheduled' swaps the stream drains at
+every checkpoint step c (multiples of `train.checkpoint_every`): draw d
+starts only once every earlier draw finished and the engine holds version
+b(d) = max(start, c) for the last such c <= d, which is exactly the state
+a run resumed from c starts in, so resuming from a periodic checkpoint is
+exact (one pipeline stall per checkpoint interval). With 'latest' swaps,
+or from a checkpoint off that grid (a preemption), the rows in flight are
+sampled again from their first token under the resumed weights: the same
+prompts, other tokens (docs/async.md).
 """
 
 from __future__ import annotations
@@ -216,7 +222,7 @@ class StreamRollouts:
     """The version for the next chunk (module docstring), swapped in."""
     engine = self.stage.engine
     if self.scheduled:
-      target = max(self.start, emitted - min(self.lag, 1))
+      target = max(self._barrier(emitted), emitted - min(self.lag, 1))
       self._wait(lambda: target in self._published)
     else:
       target = self._newest()
@@ -235,8 +241,19 @@ class StreamRollouts:
         draw.swaps += 1
         draw.sync_s += dt
 
+  def _barrier(self, d: int) -> int:
+    """b(d): the last checkpoint step <= d, or `start` (scheduled swaps
+    only: the stream drains there, module docstring)."""
+    every = self.run.train.checkpoint_every
+    if not self.scheduled or every <= 0:
+      return self.start
+    return max(self.start, d // every * every)
+
   def _may_submit(self, d: int, emitted: int) -> bool:
     if d >= self.num_steps or d >= emitted + self.ahead:
+      return False
+    b = self._barrier(d)
+    if b > self.start and (emitted < b or self.stage.engine.policy_version < b):
       return False
     if self.wait_for_weights:
       return d <= self.stage.engine.policy_version + self.lag
