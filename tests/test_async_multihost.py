@@ -30,7 +30,7 @@ recording the rows it trained on (`--rollouts`):
   the same prompts (the loader's draw s) with the same sampling keys;
   the first two batches precede any swap (scheduled: version 1 enters
   only after batches 0 and 1 are done), so steps 1-2 agree like the async
-  mode (rows, metrics, the step-2 checkpoint); and every row agrees up to
+  mode (rows, metrics); and every row agrees up to
   the first token whose sampling version differs (its tokens and log-probs
   there; rows whose versions all agree, whole, with their rewards).
   Measured: 10 of step 3's 16 rows were sampled by the same versions in
@@ -61,6 +61,8 @@ STREAM = (
   'rollout.max_staleness=2',
   'rollout.queue_size=2',
   'rollout.decode_chunk=2',  # rows span several chunks, hence swaps
+  # Scheduled streams drain at checkpoint steps; none inside these runs.
+  'train.checkpoint_every=0',
 )
 # Timing-dependent besides mh.VOLATILE: queue depth, idle fractions.
 VOLATILE = (*mh.VOLATILE, 'stream/')
@@ -75,6 +77,7 @@ STREAM_LAG1 = tuple(
     'rollout.max_staleness=1',
     'rollout.queue_size=2',
     'rollout.decode_chunk=2',
+    'train.checkpoint_every=0',
   )
 )
 
@@ -238,11 +241,6 @@ def test_stream_two_processes_agree_until_versions_differ(tmp_path):
     )
   assert compared > 0
 
-  # Steps 1-2 trained on the same batches: metrics and checkpoint agree.
+  # Steps 1-2 trained on the same batches: their metrics agree (no
+  # checkpoint inside the run: a scheduled stream drains at checkpoints).
   mh._assert_metrics_close(_stable(metrics_two[:2]), _stable(metrics_one[:2]))
-  diff = mh._max_diff(
-    mh._params(_arrays(tmp_path, 'two'), 'two/step2'),
-    mh._params(_arrays(tmp_path, 'one'), 'one/step2'),
-  )
-  print(f'max |param diff| at the step-2 checkpoint: {diff:.3g}')
-  assert diff <= mh.PARAM_ATOL
