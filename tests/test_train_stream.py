@@ -1,7 +1,7 @@
 """Streaming async mode (`rollout.mode='stream'`, jaxcorr/train/stream_rollout.py)
 end to end on the tiny arithmetic task: in-flight weight swaps give rows of
-several versions, staleness stays within the bound, the scheduled swaps are
-reproducible, and the batches follow the loader's draws."""
+several versions, staleness stays within the bound, and both weight-sync
+choices train."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from configs import arith_tiny
 from jaxcorr.train import reward_fns
 from jaxcorr.train.loop import Trainer
 
-VOLATILE = ('time/', 'perf/', 'stream/')
 LENGTH_REWARD = 'test_response_length'
 if LENGTH_REWARD not in reward_fns.REWARDS:
   # An untrained pulse model never solves a problem: without a reward that
@@ -47,13 +46,9 @@ def _run(config, workdir):
   return trainer, [r for r in rows if r['step'] > 0]
 
 
-def _stable(rows):
-  return [
-    {k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows
-  ]
-
-
-def test_scheduled_stream_is_bounded_mixed_and_reproducible(tmp_path):
+def test_scheduled_stream_is_bounded_and_mixed(tmp_path):
+  """Reproducibility (two runs equal bit for bit) is asserted with the
+  resume in tests/test_stream_resume.py."""
   config = _config(rollout__weight_sync='scheduled')
   _, rows = _run(config, tmp_path / 'a')
   assert len(rows) == 4
@@ -67,9 +62,6 @@ def test_scheduled_stream_is_bounded_mixed_and_reproducible(tmp_path):
   # In flight: some batch holds rows sampled by two versions.
   assert max(r['rollout/mixed_version_fraction'] for r in rows) > 0
   assert max(r['stream/swaps_in_flight'] for r in rows) >= 1
-  # Scheduled swaps depend on the producer's progress only.
-  _, again = _run(config, tmp_path / 'b')
-  assert _stable(rows) == _stable(again)
 
 
 def test_latest_stream_with_recomputed_caches_trains(tmp_path):
