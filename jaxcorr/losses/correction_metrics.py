@@ -98,8 +98,10 @@ def version_gap_metrics(
   bucket: `gap<g>/token_fraction` (of the valid tokens), `gap<g>/kl =
   mmean(−r)`, `gap<g>/k3_kl = mmean(exp(r̂) − r̂ − 1)` and
   `gap<g>/chi2_token_sn` (`chi2_self_normalised`), each 0 for an empty
-  bucket (D14). Token means: combine micro-batches weighted by the bucket's
-  token count.
+  bucket (D14). Token means: exact over one call's tokens. The trainer
+  calls it once per batch in decoupled mode; in bypass mode once per
+  micro-batch, and averages the micro-batches' values like the other
+  `rollout_corr/` means there (not weighted by each bucket's tokens).
 
   Args:
     r: `[B, T]` log-ratio; m: bool `[B, T]` statistics mask.
