@@ -158,3 +158,27 @@ def opt_state_shardings(tx, opt_state, params_shardings, mesh):
     transform_non_params=lambda _: replicated,
     is_leaf=lambda x: isinstance(x, nnx.Variable),
   )
+
+
+def fresh_train_state(run, mesh):
+  """(state, steps) of a step-0 trainer for `run` on `mesh`: a random
+  policy (seed 0), no critic, a zero KL coefficient; what the step tests
+  feed `Steps.prepare` / `RLStep` directly, without `setup.make_state`'s
+  sharded initialisation."""
+  from jaxcorr.losses import rewards
+  from jaxcorr.train.setup import model_config
+  from jaxcorr.train.state import TrainState, make_optimizer
+  from jaxcorr.train.step import Steps
+
+  model = Transformer(model_config(run), rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model)
+  tx, schedule = make_optimizer(run.optim, 1e-3, 10)
+  with jax.set_mesh(mesh):
+    state = TrainState(
+      params=params,
+      opt_state=jax.jit(tx.init)(params),
+      kl_ctrl=rewards.KLControllerState(coef=jnp.zeros(())),
+      rng=jax.random.PRNGKey(0),
+      updates=jnp.zeros((), jnp.int32),
+    )
+  return state, Steps(run, graphdef, tx, schedule)

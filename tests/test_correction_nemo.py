@@ -306,16 +306,12 @@ def _train_step(mode: str):
   """One `Steps.prepare` + `Steps.update` of the tiny arithmetic model with
   the `nemo_seq_logprob_error` preset's criterion (tests/test_train_step.py's
   batch)."""
-  from flax import nnx
+  from model_testing import fresh_train_state
   from test_train_step import _arrays, _one_device_mesh
 
   from configs import arith_tiny
-  from jaxcorr.model import Transformer
   from jaxcorr.train import batch as batch_lib
   from jaxcorr.train import run_config as run_lib
-  from jaxcorr.train.setup import model_config
-  from jaxcorr.train.state import TrainState, make_optimizer
-  from jaxcorr.train.step import Steps
 
   c = arith_tiny.get_config('pulse+nemo_seq_logprob_error')
   c.correction.mode = mode
@@ -325,18 +321,8 @@ def _train_step(mode: str):
   run = run_lib.build(c)
   assert (run.train.mini_batches, run.train.micro_batches) == (1, 1)
   mesh = _one_device_mesh()
-  model = Transformer(model_config(run), rngs=nnx.Rngs(0))
-  graphdef, params = nnx.split(model)
-  tx, schedule = make_optimizer(run.optim, 1e-3, 10)
+  state, steps = fresh_train_state(run, mesh)
   with jax.set_mesh(mesh):
-    state = TrainState(
-      params=params,
-      opt_state=jax.jit(tx.init)(params),
-      kl_ctrl=rewards.KLControllerState(coef=jnp.zeros(())),
-      rng=jax.random.PRNGKey(0),
-      updates=jnp.zeros((), jnp.int32),
-    )
-    steps = Steps(run, graphdef, tx, schedule)
     dev = batch_lib.to_device(mesh, _arrays(run, 1))
     _, arrays, metrics = steps.prepare(
       state.params, None, state.kl_ctrl, None, dev

@@ -37,18 +37,23 @@ def models():
   return old, new_model
 
 
-def _sample_across_a_swap(models, *, recompute: bool, swap_after: int = 1):
-  """Every request admitted under version 0, the swap to version 1 after
-  `swap_after` chunks; the finished requests in row order."""
-  old, new = models
+def _decoder(model) -> Decoder:
+  """8 slots, 4-step chunks: a row of NEW tokens spans several chunks."""
   engine = PolicyEngine(
-    old,
+    model,
     max_concurrent_decodes=8,
     max_prefill_length=32,
     max_target_length=64,
     decode_chunk=4,
   )
-  dec = Decoder(engine, sp=SamplingParams(temperature=1.0), max_new_tokens=NEW)
+  return Decoder(engine, sp=SamplingParams(temperature=1.0), max_new_tokens=NEW)
+
+
+def _sample_across_a_swap(models, *, recompute: bool, swap_after: int = 1):
+  """Every request admitted under version 0, the swap to version 1 after
+  `swap_after` chunks; the finished requests in row order."""
+  old, new = models
+  dec = _decoder(old)
   keys = np.asarray(jax.random.split(jax.random.PRNGKey(1), 2 * len(PROMPTS)))
   for i, p in enumerate(PROMPTS):
     for s in range(2):
@@ -111,14 +116,7 @@ def test_two_swaps_lose_no_request(models):
   """Swapping twice in flight: every request finishes, and its tokens
   carry the three versions in order."""
   old, new = models
-  engine = PolicyEngine(
-    old,
-    max_concurrent_decodes=8,
-    max_prefill_length=32,
-    max_target_length=64,
-    decode_chunk=4,
-  )
-  dec = Decoder(engine, sp=SamplingParams(temperature=1.0), max_new_tokens=NEW)
+  dec = _decoder(old)
   keys = np.asarray(jax.random.split(jax.random.PRNGKey(2), 8))
   for i in range(8):
     dec.submit(Request(i, i, 0, PROMPTS[i % 4], keys[i]))

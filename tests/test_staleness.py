@@ -14,13 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
+from model_testing import fresh_train_state
 
 from configs import arith_tiny
 from jaxcorr import sharding
 from jaxcorr.losses import correction as corr_lib
-from jaxcorr.losses import objective, rewards
-from jaxcorr.model import Transformer
+from jaxcorr.losses import objective
 from jaxcorr.rollout import ValidationConfig, validate_rollout_batch
 from jaxcorr.rollout.types import FinishReason, RolloutBatch
 from jaxcorr.train import batch as batch_lib
@@ -29,9 +28,6 @@ from jaxcorr.train import run_config as run_lib
 from jaxcorr.train.reduction import Metric
 from jaxcorr.train.rl_step import RLStep
 from jaxcorr.train.rollout_stage import Scored
-from jaxcorr.train.setup import model_config
-from jaxcorr.train.state import TrainState, make_optimizer
-from jaxcorr.train.step import Steps
 
 STOP, ABORT, PAD = FinishReason.STOP, FinishReason.ABORT, FinishReason.PAD
 
@@ -313,18 +309,7 @@ def _rl_step(preset: str, batch: RolloutBatch, tv: int, policy: str):
   c.rollout.samples_per_prompt = 4
   run = run_lib.build(c)
   mesh = sharding.make_mesh(devices=jax.devices()[:1])
-  model = Transformer(model_config(run), rngs=nnx.Rngs(0))
-  graphdef, params = nnx.split(model)
-  tx, schedule = make_optimizer(run.optim, 1e-3, 10)
-  with jax.set_mesh(mesh):
-    state = TrainState(
-      params=params,
-      opt_state=jax.jit(tx.init)(params),
-      kl_ctrl=rewards.KLControllerState(coef=jnp.zeros(())),
-      rng=jax.random.PRNGKey(0),
-      updates=jnp.zeros((), jnp.int32),
-    )
-  steps = Steps(run, graphdef, tx, schedule)
+  state, steps = fresh_train_state(run, mesh)
   rl = RLStep(run, steps, mesh, vocab_size=run.model.vocab_size, batch_shards=1)
   reward = np.random.default_rng(0).integers(0, 2, batch.batch_size)
   scored = Scored(
