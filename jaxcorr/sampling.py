@@ -15,6 +15,8 @@ requests with different settings in one decode step). Greedy decoding is
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -141,13 +143,37 @@ def sample(
   log_q = jax.nn.log_softmax(scaled_logits(logits, temperature), axis=-1)
   q = jnp.exp(log_q)
   keep = _support_of_probs(q, top_k, top_p, min_p)
-  # Exponential race: with E_v ~ Exp(1) independent, argmax_v q_v / E_v is
-  # v with probability q_v / sum_K q (the Gumbel-max trick, one log per
-  # entry instead of two; u >= tiny keeps every E_v > 0).
-  tiny = jnp.finfo(jnp.float32).tiny
-  u = jax.vmap(lambda k: jax.random.uniform(k, q.shape[-1:], minval=tiny))(keys)
-  race = jnp.where(keep, q / -jnp.log(u), -1.0)
-  tokens = jnp.argmax(race, axis=-1).astype(jnp.int32)
+  tokens = draw(keys, jnp.where(keep, q, 0.0))
   full = jnp.take_along_axis(log_q, tokens[..., None], axis=-1)[..., 0]
   kept_mass = jnp.sum(jnp.where(keep, q, 0.0), axis=-1)
   return tokens, full, full - jnp.log(kept_mass)
+
+
+def draw(keys: jax.Array, w: jax.Array) -> jax.Array:
+  """keys [B] (typed or raw [B, 2]), weights w [B, V] >= 0 with a positive
+  sum per row -> [B] int32: index i with probability w_i / Σ w.
+
+  Two exponential races (the Gumbel-max trick with one log per entry:
+  with E ~ Exp(1) independent, argmax_i w_i / E_i is i with probability
+  w_i / Σ w): first over the sums of blocks of S ≈ √V consecutive entries,
+  then over the S entries of the chosen block. The draw is exact, since
+  P(i) = P(block) · P(i | block), and takes 2√V exponentials per row
+  instead of V: the random bits dominated a decode step's sampling. Entries
+  of weight 0 never win (they score -1).
+  """
+  b, v = w.shape
+  size = 1 << max(0, math.ceil(math.log2(math.sqrt(v))))
+  blocks = -(-v // size)
+  w = jnp.pad(w, ((0, 0), (0, blocks * size - v))).reshape(b, blocks, size)
+  outer, inner = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
+  tiny = jnp.finfo(jnp.float32).tiny
+
+  def race(keys, x):
+    u = jax.vmap(lambda k: jax.random.uniform(k, x.shape[-1:], minval=tiny))(
+      keys
+    )
+    return jnp.argmax(jnp.where(x > 0, x / -jnp.log(u), -1.0), axis=-1)
+
+  block = race(outer, jnp.sum(w, axis=-1))
+  chosen = jnp.take_along_axis(w, block[:, None, None], axis=1)[:, 0]
+  return (block * size + race(inner, chosen)).astype(jnp.int32)
