@@ -108,12 +108,6 @@ class Decoder:
     self.waiting: collections.deque[Request] = collections.deque()
     self.slots: list[Request | None] = [None] * engine.max_concurrent_decodes
     self.state = engine.init_decode_state()
-    self.chunks = 0  # decode chunks dispatched so far
-
-  @property
-  def live(self) -> list[Request]:
-    """Requests in a slot (admitted, not finished)."""
-    return [r for r in self.slots if r is not None]
 
   @property
   def busy(self) -> bool:
@@ -154,7 +148,6 @@ class Decoder:
       exit_active=exit_active,
       attend_len=engine.attend_bucket(self._reach()),
     )
-    self.chunks += 1
     out, first = jax.device_get((out, first))  # the one sync per chunk
     for m, (_, req) in enumerate(admitted):
       sl = slice(m, m + 1)

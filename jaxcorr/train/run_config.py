@@ -32,6 +32,7 @@ from jaxcorr.losses import aggregate as agg_lib
 from jaxcorr.losses import kl as kl_lib
 from jaxcorr.losses.advantages import AdvantageConfig
 from jaxcorr.losses.rewards import KLControlConfig
+from jaxcorr.train import staleness
 
 if TYPE_CHECKING:
   from jaxcorr.losses.objective import LossConfigs
@@ -248,7 +249,7 @@ class RolloutConfig:
   )
   staleness_policy: str = setting(
     'wait',
-    one_of('wait', 'drop', 'mask'),
+    one_of(*staleness.POLICIES),
     "'wait': the producer waits for the weights a batch needs, so no token "
     "is older than max_staleness versions; stream only: 'drop' (never "
     'wait; a row with a token older than that leaves the loss) or '
