@@ -29,6 +29,7 @@ from train import flops_per_token, matmul_peak
 from configs import smollm2_arith
 from jaxcorr.model import smollm2
 from jaxcorr.train.loop import Trainer
+from jaxcorr.train.rollout_source import make_rollouts
 
 
 def step_split(preset: str, steps: int, prompts: int, samples: int) -> None:
@@ -42,20 +43,25 @@ def step_split(preset: str, steps: int, prompts: int, samples: int) -> None:
   with tempfile.TemporaryDirectory() as workdir:
     trainer = Trainer(config, workdir)
     cfg = trainer.model_cfg
-    trainer._sync_weights()
+    # The trainer's own sync rollout source: sampling and weight pushes.
+    source = make_rollouts(
+      trainer.run, trainer.stage, trainer.loader, trainer.engine_params, start=0
+    )
     for s in range(steps + 1):
       peak = matmul_peak()
       t0 = time.perf_counter()
-      scored = trainer.stage.run_step(trainer.loader.next_batch(), step=s)
+      scored = source.next()
       out = trainer.train_on(scored)
       trainer.step += 1
-      out['time/weight_sync'] = trainer._sync_weights()
+      sync = source.publish(trainer.step)['time/weight_sync']
+      out['time/weight_sync'] = sync.value
       out['time/step'] = time.perf_counter() - t0
       out['peak'] = peak
       out['resp_len'] = float(scored.batch.response_mask.sum(1).mean())
       print(f'  step {s}: {out["time/step"]:.1f}s', flush=True)
       if s:
         rows.append(out)
+    source.close()
     trainer.close()
   r = config.rollout
   seq = r.max_prompt_length + r.max_new_tokens

@@ -66,20 +66,22 @@ def apply_task(
   config.data.ops = '+'
   config.data.eval_examples = 200
   config.data.prompt_template = prompt_template(model_dir)
-  config.rollout.prompts_per_step = 16
+  config.rollout.prompts_per_step = 8
   config.rollout.samples_per_prompt = 4
   config.rollout.max_prompt_length = 48
   config.rollout.max_new_tokens = 16
-  config.rollout.max_concurrent_decodes = 64
+  config.rollout.max_concurrent_decodes = 32
   config.rollout.engine_dtype = 'bfloat16'
-  config.rollout.temperature = 1.0
+  # At 1.0 the sampled reward is ~0.05 and most GRPO groups hold no correct
+  # answer; at 0.7 it is ~0.15 and ~40% of the groups carry a signal.
+  config.rollout.temperature = 0.7
   config.reward.functions = 'math_answer'
   config.reward.timeout_s = 0.0
   config.train.sft_steps = 0
-  config.train.num_steps = 20
-  config.train.eval_every = 10
+  config.train.num_steps = 16
+  config.train.eval_every = 16
   config.train.eval_prompts = 200
-  config.train.checkpoint_every = 10
+  config.train.checkpoint_every = 8
   config.train.tensorboard = False
   config.optim.learning_rate = 2e-5
   config.optim.warmup_steps = 2
