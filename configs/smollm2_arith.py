@@ -74,7 +74,6 @@ def apply_task(
   config.rollout.engine_dtype = 'bfloat16'
   config.rollout.temperature = 1.0
   config.reward.functions = 'math_answer'
-  config.reward.timeout_s = 0.0
   config.train.sft_steps = 0
   config.train.num_steps = 20
   config.train.eval_every = 10
