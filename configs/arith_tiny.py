@@ -45,7 +45,6 @@ def apply_task(config: ml_collections.ConfigDict) -> None:
   config.rollout.max_new_tokens = 5
   config.rollout.max_concurrent_decodes = 256
   config.reward.functions = 'exact_match'
-  config.reward.timeout_s = 0.0
   config.train.sft_steps = 300
   config.train.sft_batch_size = 128
   config.train.num_steps = 200

@@ -76,7 +76,6 @@ def apply_task(
   # answer; at 0.7 it is ~0.15 and ~40% of the groups carry a signal.
   config.rollout.temperature = 0.7
   config.reward.functions = 'math_answer'
-  config.reward.timeout_s = 0.0
   config.train.sft_steps = 0
   config.train.num_steps = 16
   config.train.eval_every = 16

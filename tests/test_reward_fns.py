@@ -232,6 +232,37 @@ def test_hanging_reward_without_call_timeout_is_cut_by_the_step_budget(
     scorer.close()
 
 
+def test_a_stop_cuts_a_hanging_call_short(registry):
+  """SIGTERM while a reward hangs: `score` used to wait out the whole step
+  budget (300 s by default, past a preemption's ~30 s grace), so the run
+  was SIGKILLed before its checkpoint. Once `stop_requested()` is true the
+  calls get `STOP_GRACE_S` more; a healthy call in flight still counts."""
+  release, stop = threading.Event(), threading.Event()
+
+  def hangs(response, answer):
+    if response == 'slow':
+      time.sleep(0.3)  # healthy, in flight when the stop comes
+      return 2.0
+    release.wait(60.0)
+    return 1.0
+
+  registry('hangs', hangs)
+  scorer = R.RewardScorer([('hangs', 1.0)], timeout_s=0, step_budget_s=60)
+  scorer.stop_requested = stop.is_set
+  threading.Timer(0.2, stop.set).start()
+  try:
+    start = time.monotonic()
+    rewards, metrics = scorer.score(['a', 'slow'], ['x', 'x'])
+    elapsed = time.monotonic() - start
+    assert R.scorer.STOP_GRACE_S <= elapsed < R.scorer.STOP_GRACE_S + 5
+    np.testing.assert_array_equal(rewards, [0.0, 2.0])
+    assert metrics['reward/timeouts'] == 1.0
+    assert metrics['reward/budget_exceeded'] == 1.0
+  finally:
+    release.set()
+    scorer.close()
+
+
 def test_stuck_calls_never_starve_later_calls(registry, monkeypatch):
   """Past MAX_STUCK hanging calls the hanging function gets no new threads
   (its rows time out at once), while healthy functions, in this scorer and

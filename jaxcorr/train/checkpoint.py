@@ -47,6 +47,8 @@ from absl import logging
 from etils import epath
 from flax import nnx
 
+from jaxcorr.train import failed_restore
+
 
 def _is_variable(x: Any) -> bool:
   return isinstance(x, nnx.Variable)
@@ -336,6 +338,7 @@ class Checkpointer:
     self, abstract_state: Any, step: int
   ) -> tuple[Any, dict[str, Any]]:
     _check_target(abstract_state)
+    failed_restore.install()
     try:
       restored = self._manager.restore(
         step,
@@ -348,6 +351,7 @@ class Checkpointer:
       if not isinstance(meta, Mapping):
         raise ValueError(f'meta is {type(meta).__name__}, not a JSON object')
     except Exception as e:  # orbax / tensorstore / json: one line (doc)
+      failed_restore.discard_leftovers(e)
       raise CheckpointError(
         f'restoring checkpoint step {step} of {self.directory} failed: '
         f'{type(e).__name__}: {_one_line(e)}'
@@ -387,6 +391,7 @@ class Checkpointer:
     item = _to_pure(abstract)
     for key in reversed(path):
       item = {key: item}
+    failed_restore.install()
     try:
       restored = self._manager.restore(
         step,
@@ -400,6 +405,7 @@ class Checkpointer:
         ),
       )
     except Exception as e:  # orbax / tensorstore / json: one line
+      failed_restore.discard_leftovers(e)
       raise CheckpointError(
         f'restoring {"/".join(path)} of checkpoint step {step} of '
         f'{self.directory} '

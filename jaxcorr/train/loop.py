@@ -106,7 +106,7 @@ class Trainer:
     self.ref_params = None
     prompts = setup.build_prompts(run, self.tokenizer.encode)
     self.loader, self.sft_loader = prompts.loader, prompts.sft_loader
-    scorer = RewardScorer(
+    self.scorer = scorer = RewardScorer(
       parse_spec(run.reward.functions),
       timeout_s=run.reward.timeout_s,
       step_budget_s=run.reward.step_budget_s,
@@ -265,6 +265,8 @@ class Trainer:
     try:
       # Ctrl-C checkpoints like SIGTERM (a second one interrupts at once).
       with preemption.PreemptionGuard(catch_sigint=True) as guard:
+        # A stop cuts short a reward call that hangs (scorer.py).
+        self.scorer.stop_requested = lambda: guard.requested
         if self.step == 0 and t.eval_every:
           last = {'step': 0, **self.evaluate(0)}
           self.writer.write(0, last)
@@ -282,6 +284,7 @@ class Trainer:
             self.preempted = True
             break
     finally:
+      self.scorer.stop_requested = None
       source.close()
       self.checkpointer.wait()
       self.writer.close()

@@ -19,6 +19,12 @@ that returned it; a weighted sum that overflows float32 scores 0 on its row
 and counts as a failure too. `check_rewards` applies the same check to any
 rewards array before the update, naming the rewards as the cause.
 
+A stop (SIGTERM, Ctrl-C) must not wait out the step budget: while the
+trainer runs it sets `stop_requested`, and once that returns True the calls
+still unfinished get `STOP_GRACE_S` more seconds, then score 0 as if the
+budget had run out, so the step ends, its checkpoint is written and the run
+exits within the preemption's grace period.
+
 Metrics (per step, summed over rows; docs/data_and_rewards.md):
 `reward/failures` (raised, not a number, not finite in float32),
 `reward/timeouts` (past `timeout_s`, past the step budget, or skipped for
@@ -36,7 +42,7 @@ import numbers
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +54,11 @@ from jaxcorr.train.reward_fns.workers import Task, WorkerPool
 # Abandoned calls of one function that may still be running before the
 # scorer stops giving it new ones (module doc).
 MAX_STUCK = 64
+
+# Seconds `score` still waits once `stop_requested()` is true (SIGTERM,
+# Ctrl-C): enough for healthy calls in flight, far less than a preemption's
+# grace period (about 30 s), which a hanging call would otherwise use up.
+STOP_GRACE_S = 2.0
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _log = logging.getLogger(__name__)
@@ -156,6 +167,8 @@ class RewardScorer:
     self._pool: WorkerPool | None = None
     self._pool_lock = threading.Lock()
     self._warned: set[str] = set()
+    # Set by the trainer while it runs (module doc): a stop cuts the wait.
+    self.stop_requested: Callable[[], bool] | None = None
 
   @staticmethod
   def _known() -> str:
@@ -221,6 +234,8 @@ class RewardScorer:
     budget_exceeded = False
     while pending:
       now = time.monotonic()
+      if self.stop_requested is not None and self.stop_requested():
+        deadline = min(deadline, now + STOP_GRACE_S)
       wake = deadline
       for task in list(pending):
         j, i = pending[task]
