@@ -301,8 +301,11 @@ def test_weighted_mean_reduces_in_jit():
 # ------------------------------------------------ through the trainer step
 
 
-def _rl_step(preset: str, batch: RolloutBatch, tv: int, policy: str):
+def _rl_step(
+  preset: str, batch: RolloutBatch, tv: int, policy: str, micro_batches=1
+):
   c = arith_tiny.get_config('pulse+' + preset)
+  c.train.micro_batches = micro_batches
   c.rollout.mode = 'stream'
   c.rollout.max_staleness = MAX_STALE
   c.rollout.staleness_policy = policy
@@ -343,6 +346,73 @@ def test_version_gap_reaches_the_correction(preset):
   np.testing.assert_allclose(
     out['rollout/token_keep_fraction'], trained.sum() / tokens
   )
+
+
+def _gap_parts(seed=0):
+  """A [8, 6] bypass-style correction input with version gaps, split into
+  two halves whose buckets hold different numbers of tokens."""
+  rng = np.random.default_rng(seed)
+  versions = np.asarray(VERSIONS)
+  mask = jnp.asarray(versions >= 0)
+  train = jnp.asarray(-rng.uniform(0.1, 2.0, versions.shape), jnp.float32)
+  rollout = jnp.asarray(-rng.uniform(0.1, 2.0, versions.shape), jnp.float32)
+  gap = jnp.asarray(np.where(versions >= 0, TV - versions, 0), jnp.int32)
+  return train, rollout, mask, gap
+
+
+GAP_MEANS = ('token_fraction', 'kl', 'k3_kl')  # exact token means
+
+
+def test_gap_metrics_weighted_by_tokens_combine_to_the_whole_batch():
+  """Per-part `rollout_corr/gap<g>/` values weighted by
+  `gap_metric_weights` (Reduce.WMEAN) equal one call on the whole batch;
+  the plain mean of the parts does not."""
+  cfg = corr_lib.CorrectionConfig(mode='bypass', is_level='token')
+  train, rollout, mask, gap = _gap_parts()
+  kw = dict(gap_buckets=4)
+
+  def corr(rows):
+    c = corr_lib.rollout_correction(
+      train[rows], rollout[rows], mask[rows], cfg, version_gap=gap[rows], **kw
+    )
+    w = corr_lib.gap_metric_weights(
+      train[rows], rollout[rows], mask[rows], version_gap=gap[rows], **kw
+    )
+    return c.metrics, w
+
+  whole, _ = corr(slice(None))
+  parts = [corr(slice(0, 4)), corr(slice(4, 8))]
+  gap_keys = {k for k in whole if k.startswith('rollout_corr/gap')}
+  assert set(parts[0][1]) == gap_keys  # every gap metric has its weight
+  stacked = {
+    k: Metric.wavg(
+      jnp.stack([m[k] for m, _ in parts]), jnp.stack([w[k] for _, w in parts])
+    )
+    for k in gap_keys
+  }
+  combined = reduction.values(reduction.reduce_parts(stacked))
+  differs = 0
+  for g in range(4):
+    for name in GAP_MEANS:
+      k = f'rollout_corr/gap{g}/{name}'
+      np.testing.assert_allclose(combined[k], whole[k], rtol=1e-5, err_msg=k)
+      plain = np.mean([float(m[k]) for m, _ in parts])
+      differs += not np.isclose(plain, float(whole[k]), rtol=1e-3)
+  assert differs > 0  # the unweighted mean would be wrong here
+
+
+def test_bypass_gap_metrics_do_not_depend_on_micro_batching():
+  """RLStep in bypass mode: the per-gap metrics with 2 micro-batches are
+  those of 1 (token-weighted, like decoupled mode's single call)."""
+  batch = rollout_batch(VERSIONS, FINISH)
+  outs = [
+    _rl_step('bypass_pg_is', batch, TV, 'mask', micro_batches=n) for n in (1, 2)
+  ]
+  for g in range(4):
+    for name in GAP_MEANS:
+      k = f'rollout_corr/gap{g}/{name}'
+      np.testing.assert_allclose(outs[1][k], outs[0][k], rtol=1e-5, err_msg=k)
+  assert outs[0]['rollout_corr/gap1/token_fraction'] > 0
 
 
 # ------------------------------------------------------------- fail loud

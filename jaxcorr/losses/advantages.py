@@ -305,6 +305,63 @@ def _check_row_vector(name: str, x: Any, b: int, why: str) -> None:
     )
 
 
+def _check_inputs(
+  name,
+  token_rewards,
+  mask,
+  group_ids,
+  values,
+  reward_baselines,
+  *,
+  norm_adv_by_std,
+  gamma,
+  lam,
+) -> None:
+  """`compute_advantages`'s trace-time checks: shapes, dtypes, the inputs
+  `name` requires, static knob values."""
+  masked.check_mask(mask)
+  masked.check_shapes(
+    {'token_rewards': token_rewards, 'mask': mask, 'values': values}
+  )
+  if not isinstance(norm_adv_by_std, bool):
+    raise ValueError(
+      f'norm_adv_by_std={norm_adv_by_std!r} is invalid; allowed: True or '
+      'False (a Python bool, static under jit)'
+    )
+  _check_static_unit('gamma', gamma)
+  _check_static_unit('lam', lam)
+  b = jnp.shape(mask)[0]
+  if name == 'gae':
+    masked.require(values, 'values', "by estimator='gae'")
+  if name == 'remax':
+    _check_row_vector(
+      'reward_baselines', reward_baselines, b, "by estimator='remax'"
+    )
+  if name in NEEDS_GROUPS or group_ids is not None:
+    _check_row_vector('group_ids', group_ids, b, f'by estimator={name!r}')
+    ids_dtype = jnp.asarray(group_ids).dtype
+    if not jnp.issubdtype(ids_dtype, jnp.integer):
+      raise ValueError(
+        f'group_ids must have an integer dtype (int32), got {ids_dtype}'
+      )
+
+
+def _token_advantages(
+  name, rewards, mask, values, reward_baselines, *, gamma, lam
+) -> tuple[jax.Array, jax.Array]:
+  """The reverse-scan estimators (`TOKEN_ESTIMATORS`) on sanitised rewards;
+  their other float inputs are sanitised here, without gradient."""
+  sg = jax.lax.stop_gradient
+  if name == 'gae':
+    v = sg(masked.sanitize(values, mask, rewards.dtype))
+    return scan.gae(rewards, mask, values=v, gamma=gamma, lam=lam)
+  if name == 'reinforce_plus_plus':
+    return scan.reinforce_plus_plus(rewards, mask, gamma=gamma)
+  valid = jnp.any(mask, axis=-1)
+  base = sg(masked.sanitize(reward_baselines, valid, rewards.dtype))
+  return scan.remax(rewards, mask, reward_baselines=base)
+
+
 def compute_advantages(
   estimator: str,
   token_rewards: jax.Array,
@@ -351,45 +408,17 @@ def compute_advantages(
       input, a non-bool mask, mismatched shapes or a non-integer `group_ids`.
   """
   name = _check_estimator(estimator)
-  masked.check_mask(mask)
-  masked.check_shapes(
-    {'token_rewards': token_rewards, 'mask': mask, 'values': values}
-  )
-  if not isinstance(norm_adv_by_std, bool):
-    raise ValueError(
-      f'norm_adv_by_std={norm_adv_by_std!r} is invalid; allowed: True or '
-      'False (a Python bool, static under jit)'
-    )
-  _check_static_unit('gamma', gamma)
-  _check_static_unit('lam', lam)
-  b = jnp.shape(mask)[0]
-  if name == 'gae':
-    masked.require(values, 'values', "by estimator='gae'")
-  if name == 'remax':
-    _check_row_vector(
-      'reward_baselines', reward_baselines, b, "by estimator='remax'"
-    )
-  if name in NEEDS_GROUPS or group_ids is not None:
-    _check_row_vector('group_ids', group_ids, b, f'by estimator={name!r}')
-    ids_dtype = jnp.asarray(group_ids).dtype
-    if not jnp.issubdtype(ids_dtype, jnp.integer):
-      raise ValueError(
-        f'group_ids must have an integer dtype (int32), got {ids_dtype}'
-      )
-
+  _check_inputs(
+    name, token_rewards, mask, group_ids, values, reward_baselines,
+    norm_adv_by_std=norm_adv_by_std, gamma=gamma, lam=lam,
+  )  # fmt: skip
   sg = jax.lax.stop_gradient
   dtype = masked.float_dtype(token_rewards, values)
   rewards = sg(masked.sanitize(token_rewards, mask, dtype))
   if name in TOKEN_ESTIMATORS:
-    if name == 'gae':
-      v = sg(masked.sanitize(values, mask, dtype))
-      return scan.gae(rewards, mask, values=v, gamma=gamma, lam=lam)
-    if name == 'reinforce_plus_plus':
-      return scan.reinforce_plus_plus(rewards, mask, gamma=gamma)
-    valid = jnp.any(mask, axis=-1)
-    base = sg(masked.sanitize(reward_baselines, valid, dtype))
-    return scan.remax(rewards, mask, reward_baselines=base)
-
+    return _token_advantages(
+      name, rewards, mask, values, reward_baselines, gamma=gamma, lam=lam
+    )
   ids = jnp.asarray(group_ids)
   groups = group_stats(rewards, mask, ids)
   knobs = {'norm_adv_by_std': norm_adv_by_std, 'eps': eps}

@@ -288,7 +288,7 @@ def veto(
 # ------------------------------------------------------------- the API
 
 
-def _check_inputs(train_logp, rollout_logp, mask, cfg) -> None:
+def _check_inputs(train_logp, rollout_logp, mask, cfg, seq_reward) -> None:
   if not isinstance(cfg, CorrectionConfig):
     raise ValueError(
       f'cfg must be a CorrectionConfig, got {type(cfg).__name__}; '
@@ -306,6 +306,25 @@ def _check_inputs(train_logp, rollout_logp, mask, cfg) -> None:
   mk.check_shapes(
     {'train_logp': train_logp, 'rollout_logp': rollout_logp, 'mask': mask}
   )
+  if seq_reward is not None and jnp.shape(seq_reward) != jnp.shape(mask)[:1]:
+    raise ValueError(
+      f'seq_reward has shape {jnp.shape(seq_reward)}; allowed: one reward '
+      f'per row of mask {jnp.shape(mask)}, [B]'
+    )
+
+
+def _finite_rows(train_logp, rollout_logp, m0, dtype):
+  """`(m, train, rollout, nonfinite_train, nonfinite_rollout)`: the mask
+  without the rows that hold a non-finite log-prob at a valid token
+  (docs/math/correction.md §4.2: such a value rejects its whole row), both
+  log-probs sanitised with it, and the per-row non-finite counts."""
+  nonfinite_train = mk.row_count(m0 & ~jnp.isfinite(train_logp), dtype)
+  nonfinite_rollout = mk.row_count(m0 & ~jnp.isfinite(rollout_logp), dtype)
+  bad_row = (nonfinite_train + nonfinite_rollout) > 0
+  m = m0 & ~bad_row[:, None]
+  train = mk.sanitize(train_logp, m, dtype)
+  rollout = mk.sanitize(rollout_logp, m, dtype)
+  return m, train, rollout, nonfinite_train, nonfinite_rollout
 
 
 def rollout_correction(
@@ -347,25 +366,14 @@ def rollout_correction(
     ValueError: at trace time for a missing `rollout_logp`, a non-bool mask
       or mismatched shapes.
   """
-  _check_inputs(train_logp, rollout_logp, mask, cfg)
-  if seq_reward is not None and jnp.shape(seq_reward) != jnp.shape(mask)[:1]:
-    raise ValueError(
-      f'seq_reward has shape {jnp.shape(seq_reward)}; allowed: one reward '
-      f'per row of mask {jnp.shape(mask)}, [B]'
-    )
+  _check_inputs(train_logp, rollout_logp, mask, cfg, seq_reward)
   dtype = mk.float_dtype(jnp.asarray(train_logp), jnp.asarray(rollout_logp))
   train_logp = jax.lax.stop_gradient(mk.as_float(train_logp, dtype))
   rollout_logp = jax.lax.stop_gradient(mk.as_float(rollout_logp, dtype))
   m0 = jnp.asarray(mask)
-
-  # docs/math/correction.md §4.2: a non-finite value at a valid token rejects
-  # its whole row.
-  nonfinite_train = mk.row_count(m0 & ~jnp.isfinite(train_logp), dtype)
-  nonfinite_rollout = mk.row_count(m0 & ~jnp.isfinite(rollout_logp), dtype)
-  bad_row = (nonfinite_train + nonfinite_rollout) > 0
-  m = m0 & ~bad_row[:, None]
-  train = mk.sanitize(train_logp, m, dtype)
-  rollout = mk.sanitize(rollout_logp, m, dtype)
+  m, train, rollout, nonfinite_train, nonfinite_rollout = _finite_rows(
+    train_logp, rollout_logp, m0, dtype
+  )
   r = train - rollout
   n = mk.row_count(m, dtype)
   valid = n > 0
@@ -395,6 +403,29 @@ def rollout_correction(
   )
   metrics = {METRIC_PREFIX + k: v for k, v in sorted(metrics.items())}
   return jax.lax.stop_gradient(Correction(weights, out_mask, metrics))
+
+
+def gap_metric_weights(
+  train_logp: jax.Array,
+  rollout_logp: jax.Array,
+  mask: jax.Array,
+  *,
+  version_gap: jax.Array,
+  gap_buckets: int,
+) -> dict[str, jax.Array]:
+  """The token counts the `rollout_corr/gap<g>/` metrics of the same
+  `rollout_correction` call are means over
+  (`correction_metrics.version_gap_counts`): bypass mode runs the
+  correction per micro-batch and weighs each one's values by them."""
+  mk.check_shapes({'version_gap': version_gap, 'mask': mask})
+  dtype = mk.float_dtype(jnp.asarray(train_logp), jnp.asarray(rollout_logp))
+  train_logp = mk.as_float(train_logp, dtype)
+  rollout_logp = mk.as_float(rollout_logp, dtype)
+  m = _finite_rows(train_logp, rollout_logp, jnp.asarray(mask), dtype)[0]
+  counts = cm.version_gap_counts(m, version_gap, gap_buckets)
+  return jax.lax.stop_gradient(
+    {METRIC_PREFIX + k: v for k, v in counts.items()}
+  )
 
 
 def _is_weights(r, seq_log_ratio, m, n, valid, cfg, metrics):

@@ -100,8 +100,8 @@ def version_gap_metrics(
   `gap<g>/chi2_token_sn` (`chi2_self_normalised`), each 0 for an empty
   bucket (D14). Token means: exact over one call's tokens. The trainer
   calls it once per batch in decoupled mode; in bypass mode once per
-  micro-batch, and averages the micro-batches' values like the other
-  `rollout_corr/` means there (not weighted by each bucket's tokens).
+  micro-batch, and weighs the micro-batches' values by the tokens each is
+  a mean over (`correction.gap_metric_weights`), as one call would.
 
   Args:
     r: `[B, T]` log-ratio; m: bool `[B, T]` statistics mask.
@@ -122,6 +122,23 @@ def version_gap_metrics(
     out[f'gap{g}/kl'] = mk.masked_mean(-r, sel)
     out[f'gap{g}/k3_kl'] = mk.masked_mean(k3, sel)
     out[f'gap{g}/chi2_token_sn'] = chi2_self_normalised(r, sel)
+  return out
+
+
+def version_gap_counts(m: jax.Array, gap: jax.Array, buckets: int) -> Metrics:
+  """The token count each `version_gap_metrics` value is a mean over (same
+  keys): all of `m`'s for `gap<g>/token_fraction`, bucket g's for the
+  others. A caller that computes the metrics on parts of a batch weighs
+  each part's value by them to get the whole batch's."""
+  dtype = jnp.float32
+  gap = jnp.clip(jnp.asarray(gap), 0, buckets - 1)
+  total = mk.count(m, dtype)
+  out: Metrics = {}
+  for g in range(buckets):
+    tokens = mk.count(m & (gap == g), dtype)
+    out[f'gap{g}/token_fraction'] = total
+    for name in ('kl', 'k3_kl', 'chi2_token_sn'):
+      out[f'gap{g}/{name}'] = tokens
   return out
 
 

@@ -219,7 +219,9 @@ def check_knobs(
   return typed
 
 
-def _prepare(name, logp, old_logp, advantages, mask, is_weights, rollout_logp):
+def _prepare(
+  name, logp, old_logp, advantages, mask, is_weights, rollout_logp, key, pick
+):
   """Trace-time checks on the arrays (shapes, dtype, presence)."""
   masked.check_mask(mask)
   reads = READS[name]
@@ -234,6 +236,50 @@ def _prepare(name, logp, old_logp, advantages, mask, is_weights, rollout_logp):
       f'is_weights must be None for policy loss {name!r}: it already divides '
       'by μ, so IS weights would correct twice (allowed: None)'
     )
+  if name == 'clip_cov' and key is None and pick is None:
+    raise ValueError(
+      "key is required by policy loss 'clip_cov' (a jax.random key for its "
+      'random draw), got None; or pass clip_cov_pick'
+    )
+  if pick is not None:
+    masked.check_mask(pick, 'clip_cov_pick')
+  masked.check_shapes(
+    {
+      'logp': logp,
+      'old_logp': old_logp,
+      'advantages': advantages,
+      'mask': mask,
+      'is_weights': is_weights,
+      'rollout_logp': rollout_logp,
+      'clip_cov_pick': pick,
+    }
+  )
+
+
+def _sanitized_inputs(
+  logp, old_logp, advantages, mask, is_weights, rollout_logp, key, pick
+) -> LossInputs:
+  """The `LossInputs` of a loss: every float zeroed off the mask in one
+  computation dtype, and only `logp` left differentiable."""
+  dtype = masked.float_dtype(
+    logp, old_logp, advantages, is_weights, rollout_logp
+  )
+
+  def const(v):
+    if v is None:
+      return None
+    return masked.sanitize(jax.lax.stop_gradient(v), mask, dtype)
+
+  return LossInputs(
+    logp=masked.sanitize(logp, mask, dtype),
+    old_logp=const(old_logp),
+    rollout_logp=const(rollout_logp),
+    adv=const(advantages),
+    w=const(is_weights),
+    mask=mask,
+    key=key,
+    pick=pick,
+  )
 
 
 def policy_loss(
@@ -290,44 +336,9 @@ def policy_loss(
   fn = LOSSES[check_name(name)].fn
   check_required(name, knobs, 'knobs')
   mode = canonical_mode(NATURAL_AGG[name] if agg is None else agg)
-  _prepare(name, logp, old_logp, advantages, mask, is_weights, rollout_logp)
-  if name == 'clip_cov' and key is None and clip_cov_pick is None:
-    raise ValueError(
-      "key is required by policy loss 'clip_cov' (a jax.random key for its "
-      'random draw), got None; or pass clip_cov_pick'
-    )
-  if clip_cov_pick is not None:
-    masked.check_mask(clip_cov_pick, 'clip_cov_pick')
-  masked.check_shapes(
-    {
-      'logp': logp,
-      'old_logp': old_logp,
-      'advantages': advantages,
-      'mask': mask,
-      'is_weights': is_weights,
-      'rollout_logp': rollout_logp,
-      'clip_cov_pick': clip_cov_pick,
-    }
-  )
-  dtype = masked.float_dtype(
-    logp, old_logp, advantages, is_weights, rollout_logp
-  )
-
-  def const(v):
-    if v is None:
-      return None
-    return masked.sanitize(jax.lax.stop_gradient(v), mask, dtype)
-
-  x = LossInputs(
-    logp=masked.sanitize(logp, mask, dtype),
-    old_logp=const(old_logp),
-    rollout_logp=const(rollout_logp),
-    adv=const(advantages),
-    w=const(is_weights),
-    mask=mask,
-    key=key,
-    pick=clip_cov_pick,
-  )
+  arrays = (logp, old_logp, advantages, mask, is_weights, rollout_logp)
+  _prepare(name, *arrays, key, clip_cov_pick)
+  x = _sanitized_inputs(*arrays, key, clip_cov_pick)
   per_token, metrics = fn(x, knobs)
   loss = aggregate(
     per_token,

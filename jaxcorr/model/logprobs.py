@@ -86,6 +86,21 @@ def _chunk_stats(
   return logp, entropy, log_mass
 
 
+def _to_chunks(x: jax.Array, c: int) -> jax.Array:
+  """`[B, T, ...]` -> `[n, B, c, ...]`, T zero-padded to n·c: the scan runs
+  over chunks, each chunk keeps the batch axis (and its sharding) intact."""
+  b, t = x.shape[:2]
+  n = -(-t // c)
+  x = jnp.pad(x, ((0, 0), (0, n * c - t)) + ((0, 0),) * (x.ndim - 2))
+  return x.reshape(b, n, c, *x.shape[2:]).swapaxes(0, 1)
+
+
+def _from_chunks(x: jax.Array, t: int) -> jax.Array:
+  """`[n, B, c]` -> `[B, t]`, the inverse of `_to_chunks` (padding cut)."""
+  n, b, c = x.shape
+  return x.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+
+
 def logprobs_from_hidden(
   hidden: jax.Array,
   head: jax.Array,
@@ -125,7 +140,7 @@ def logprobs_from_hidden(
     logp [B, T] float32, or a tuple (logp, entropy if `return_entropy`,
     log_kept_mass if `return_kept_mass`).
   """
-  b, t, d = hidden.shape
+  b, t, _ = hidden.shape
   replay = kept_ids is not None
   if replay != (kept_count is not None) or (return_kept_mass and not replay):
     raise ValueError(
@@ -135,25 +150,10 @@ def logprobs_from_hidden(
   dtype = dtype or hidden.dtype
   temp = _temperature(temperature, b)
   c = max(1, min(chunk_size, t))
-  n = -(-t // c)
-  pad = n * c - t
-  h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-  y = jnp.pad(targets.astype(jnp.int32), ((0, 0), (0, pad)))
-  # [n, B, c, ...]: the scan runs over chunks, each chunk keeps the batch
-  # axis (and its sharding) intact.
-  h = h.reshape(b, n, c, d).swapaxes(0, 1)
-  y = y.reshape(b, n, c).swapaxes(0, 1)
-  xs = (h, y)
+  xs = (hidden, targets.astype(jnp.int32))
   if replay:
-    width = kept_ids.shape[-1]
-    ids = jnp.pad(kept_ids.astype(jnp.int32), ((0, 0), (0, pad), (0, 0)))
-    cnt = jnp.pad(kept_count.astype(jnp.int32), ((0, 0), (0, pad)))
-    xs = (
-      h,
-      y,
-      ids.reshape(b, n, c, width).swapaxes(0, 1),
-      cnt.reshape(b, n, c).swapaxes(0, 1),
-    )
+    xs += (kept_ids.astype(jnp.int32), kept_count.astype(jnp.int32))
+  xs = tuple(_to_chunks(x, c) for x in xs)
 
   # Checkpointed: the backward pass recomputes a chunk's logits instead of
   # the scan saving all n of them (which would be the full [B, T, V] again).
@@ -170,14 +170,11 @@ def logprobs_from_hidden(
 
   _, (logp, ent, log_mass) = jax.lax.scan(body, None, xs)
 
-  def unchunk(x):
-    return x.swapaxes(0, 1).reshape(b, n * c)[:, :t]
-
-  out = [unchunk(logp)]
+  out = [_from_chunks(logp, t)]
   if return_entropy:
-    out.append(unchunk(ent))
+    out.append(_from_chunks(ent, t))
   if return_kept_mass:
-    out.append(unchunk(log_mass))
+    out.append(_from_chunks(log_mass, t))
   return out[0] if len(out) == 1 else tuple(out)
 
 

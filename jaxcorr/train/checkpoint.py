@@ -32,6 +32,10 @@ never reports a step that is still being written.
 Retention: `save` writes when `should_save(step)` (`step % every == 0`) or
 when forced, then Orbax deletes all but the newest `keep` steps. A step that
 exists already is never overwritten (`save` returns False).
+
+This module holds `Checkpointer` (queries, saving, closing);
+jaxcorr/train/checkpoint_tree.py the on-disk tree form and
+jaxcorr/train/checkpoint_restore.py the restore methods it mixes in.
 """
 
 from __future__ import annotations
@@ -40,109 +44,19 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
-from etils import epath
-from flax import nnx
 
-from jaxcorr.train import failed_restore
-
-
-def _is_variable(x: Any) -> bool:
-  return isinstance(x, nnx.Variable)
-
-
-def abstract_like(state: Any) -> Any:
-  """The restore target of `state`: a `jax.ShapeDtypeStruct` with shape,
-  dtype and sharding for every `jax.Array` leaf.
-
-  NumPy arrays and Python scalars are kept as they are (Orbax restores them
-  as NumPy arrays and Python scalars); `nnx.Variable` wrappers and their
-  metadata are kept around the abstract values.
-  """
-
-  def one(x):
-    if isinstance(x, jax.Array):
-      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-    return x
-
-  return jax.tree.map(one, state)
-
-
-def _to_pure(tree: Any) -> Any:
-  """Every `nnx.Variable` replaced by its value (the on-disk form)."""
-  return jax.tree.map(
-    lambda x: x.get_value() if _is_variable(x) else x,
-    tree,
-    is_leaf=_is_variable,
-  )
-
-
-def _from_pure(target: Any, values: Any) -> Any:
-  """`values` (the pure form of `target`) put back into its Variables."""
-  return jax.tree.map(
-    lambda t, v: t.replace(v) if _is_variable(t) else v,
-    target,
-    values,
-    is_leaf=_is_variable,
-  )
-
-
-def _check_target(abstract_state: Any) -> None:
-  """Every abstract array names its sharding (else Orbax guesses one)."""
-  flat = jax.tree_util.tree_flatten_with_path(abstract_state)[0]
-  for path, leaf in flat:
-    if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None:
-      raise ValueError(
-        f'restore target leaf {jax.tree_util.keystr(path)} is a '
-        'ShapeDtypeStruct without a sharding; build the target with '
-        'checkpoint.abstract_like(state) or pass sharding=...'
-      )
-
-
-def _jsonable(value: Any, where: str) -> Any:
-  """`value` with NumPy / JAX scalars and arrays as Python numbers and lists.
-
-  Raises a ValueError naming the offending key path for anything JSON cannot
-  hold.
-  """
-  if value is None or isinstance(value, str | bool | int | float):
-    return value
-  if isinstance(value, np.generic):
-    return value.item()
-  if isinstance(value, jax.Array | np.ndarray):
-    return np.asarray(jax.device_get(value)).tolist()
-  if isinstance(value, Mapping):
-    out = {}
-    for k, v in value.items():
-      if not isinstance(k, str):
-        raise ValueError(
-          f'checkpoint meta key {where}[{k!r}] must be a str, got '
-          f'{type(k).__name__}'
-        )
-      out[k] = _jsonable(v, f'{where}[{k!r}]')
-    return out
-  if isinstance(value, list | tuple):
-    return [_jsonable(v, f'{where}[{i}]') for i, v in enumerate(value)]
-  raise ValueError(
-    f'checkpoint meta value {where} of type {type(value).__name__} is not '
-    'JSON-serialisable (allowed: dict, list, str, int, float, bool, None, '
-    'NumPy/JAX scalars and arrays)'
-  )
-
-
-class CheckpointError(ValueError):
-  """A checkpoint step that cannot be read, in one line."""
-
-
-def _one_line(e: BaseException, limit: int = 400) -> str:
-  """An error message on one line, at most `limit` characters (TensorStore
-  errors append its whole JSON spec)."""
-  text = ' '.join(line.strip() for line in str(e).splitlines() if line.strip())
-  text = text or repr(e)
-  return text if len(text) <= limit else text[: limit - 3] + '...'
+from jaxcorr.train.checkpoint_restore import (  # noqa: F401 (re-exported)
+  CheckpointError,
+  CheckpointRestore,
+)
+from jaxcorr.train.checkpoint_tree import (  # noqa: F401 (re-exported)
+  abstract_like,
+  jsonable,
+  to_pure,
+)
 
 
 def _local_path(directory: str) -> str:
@@ -152,7 +66,7 @@ def _local_path(directory: str) -> str:
   return os.path.abspath(os.path.expanduser(directory))
 
 
-class Checkpointer:
+class Checkpointer(CheckpointRestore):
   """Saves and restores `(state, meta)` per step (module doc).
 
   Every process of a multi-host job must make the same calls in the same
@@ -258,11 +172,11 @@ class Checkpointer:
     if step in self._manager.all_steps():
       logging.warning('checkpoint step %d exists already; not saved', step)
       return False
-    meta = _jsonable(meta, 'meta')
+    meta = jsonable(meta, 'meta')
     saved = self._manager.save(
       step,
       args=ocp.args.Composite(
-        state=ocp.args.StandardSave(_to_pure(state)),
+        state=ocp.args.StandardSave(to_pure(state)),
         meta=ocp.args.JsonSave(meta),
       ),
       force=True,
@@ -274,148 +188,6 @@ class Checkpointer:
   def wait(self) -> None:
     """Block until every started save is committed."""
     self._manager.wait_until_finished()
-
-  # ------------------------------------------------------------ restore
-
-  def restore(
-    self, abstract_state: Any, step: int | None = None
-  ) -> tuple[Any, dict[str, Any]]:
-    """`(state, meta)` of step `step` (None: the newest intact step).
-
-    `abstract_state` gives the tree structure, dtypes and target shardings
-    (`abstract_like(state)`); arrays are read straight into those shardings,
-    whatever mesh the checkpoint was written from. Variables of the target
-    keep their metadata. The target must have the saved tree structure: an
-    extra or missing key, or arrays where `None` was saved, raise a
-    ValueError listing the differing keys (a `None` in the target where
-    arrays were saved restores as `None`). Raises FileNotFoundError when the
-    step is absent.
-
-    With `step=None` a latest step that cannot be read (truncated or missing
-    data, metadata or manifest files) is reported in one log line and the
-    next older one is tried; the unreadable steps are then renamed
-    `<step>.unreadable` (kept for inspection, no longer a step, so the
-    resumed run can save that step again). When no step can be restored (a
-    damaged directory, or a target of another layout), the error is the
-    newest step's, in one line (`CheckpointError`, a ValueError), and
-    nothing is renamed.
-    """
-    steps = self.all_steps()
-    if step is not None:
-      if step not in steps:
-        raise FileNotFoundError(
-          f'no checkpoint of step {step} in {self.directory}; have {steps}'
-        )
-      return self._restore_step(abstract_state, step)
-    if not steps:
-      raise FileNotFoundError(f'no checkpoint in {self.directory}')
-    _check_target(abstract_state)
-    failed: list[tuple[int, CheckpointError]] = []
-    for s in reversed(steps):
-      try:
-        out = self._restore_step(abstract_state, s)
-      except CheckpointError as e:
-        failed.append((s, e))
-        logging.warning('%s; trying an older step', e)
-        continue
-      for bad, _ in failed:
-        self._set_aside(bad)
-      if failed:
-        logging.warning(
-          'restored step %d of %s (newer unreadable: %s)',
-          s,
-          self.directory,
-          [b for b, _ in failed],
-        )
-      return out
-    if len(failed) == 1:
-      raise failed[0][1]
-    raise CheckpointError(
-      f'{failed[0][1]} (and every older step: {[b for b, _ in failed[1:]]})'
-    )
-
-  def _restore_step(
-    self, abstract_state: Any, step: int
-  ) -> tuple[Any, dict[str, Any]]:
-    _check_target(abstract_state)
-    failed_restore.install()
-    try:
-      restored = self._manager.restore(
-        step,
-        args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(_to_pure(abstract_state)),
-          meta=ocp.args.JsonRestore(),
-        ),
-      )
-      meta = restored['meta']
-      if not isinstance(meta, Mapping):
-        raise ValueError(f'meta is {type(meta).__name__}, not a JSON object')
-    except Exception as e:  # orbax / tensorstore / json: one line (doc)
-      failed_restore.discard_leftovers(e)
-      raise CheckpointError(
-        f'restoring checkpoint step {step} of {self.directory} failed: '
-        f'{type(e).__name__}: {_one_line(e)}'
-      ) from None
-    state = _from_pure(abstract_state, restored['state'])
-    return state, dict(meta)
-
-  def _set_aside(self, step: int) -> None:
-    """Renames an unreadable step directory out of the step namespace."""
-    if jax.process_index() != 0:
-      return
-    src = epath.Path(self.directory) / str(step)
-    dst = epath.Path(self.directory) / f'{step}.unreadable'
-    if dst.exists():
-      dst.rmtree()
-    src.rename(dst)
-    self._manager.reload()
-
-  def restore_subtree(
-    self, path: tuple[str, ...], abstract: Any, step: int | None = None
-  ) -> tuple[Any, dict[str, Any], int]:
-    """`(value, meta, step)`: the sub-tree at `path` of the saved state
-    (e.g. `('state', 'params')`, the policy of the trainer's `{'state':
-    TrainState, 'ref': ...}`) without the rest, for readers that have no
-    full restore target (`jaxcorr.export`). `step=None`: the latest. The
-    same one-line `CheckpointError` as `restore`."""
-    steps = self.all_steps()
-    if not steps:
-      raise FileNotFoundError(f'no checkpoint in {self.directory}')
-    if step is None:
-      step = steps[-1]
-    elif step not in steps:
-      raise FileNotFoundError(
-        f'no checkpoint of step {step} in {self.directory}; have {steps}'
-      )
-    _check_target(abstract)
-    item = _to_pure(abstract)
-    for key in reversed(path):
-      item = {key: item}
-    failed_restore.install()
-    try:
-      restored = self._manager.restore(
-        step,
-        args=ocp.args.Composite(
-          state=ocp.args.PyTreeRestore(
-            item=item,
-            restore_args=ocp.checkpoint_utils.construct_restore_args(item),
-            partial_restore=True,
-          ),
-          meta=ocp.args.JsonRestore(),
-        ),
-      )
-    except Exception as e:  # orbax / tensorstore / json: one line
-      failed_restore.discard_leftovers(e)
-      raise CheckpointError(
-        f'restoring {"/".join(path)} of checkpoint step {step} of '
-        f'{self.directory} '
-        f'failed: {type(e).__name__}: {_one_line(e)}'
-      ) from None
-    value = restored['state']
-    for key in path:
-      value = value[key]
-    value = _from_pure(abstract, value)
-    return value, dict(restored['meta']), step
 
   # ------------------------------------------------------------ closing
 

@@ -23,7 +23,6 @@ from jaxcorr.config.fields import (
   integer,
   number,
   one_of,
-  optional,
   setting,
   text,
   validate,
@@ -32,13 +31,15 @@ from jaxcorr.losses import aggregate as agg_lib
 from jaxcorr.losses import kl as kl_lib
 from jaxcorr.losses.advantages import AdvantageConfig
 from jaxcorr.losses.rewards import KLControlConfig
-from jaxcorr.train import staleness
+from jaxcorr.train.rollout_config import (
+  DTYPES,
+  RolloutConfig,
+)
 
 if TYPE_CHECKING:
   from jaxcorr.losses.objective import LossConfigs
   from jaxcorr.sharding import MeshConfig
 
-DTYPES = ('float32', 'bfloat16', 'float16')
 _POS, _NAT = integer(1), integer(0)
 
 
@@ -159,164 +160,6 @@ class DataConfig:
     data.format_prompt(self.prompt_template, tasks.Example('', ''))
     if not self.ops or set(self.ops) - set('+-*'):
       fail(f'{p}.ops', self.ops, "a non-empty string of '+', '-', '*'")
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-  """Sampling with the JetStream engine, sync or async."""
-
-  prompts_per_step: int = setting(
-    16,
-    _POS,
-    'Prompts per RL step; the batch is prompts_per_step * '
-    'samples_per_prompt sequences.',
-  )
-  samples_per_prompt: int = setting(
-    8, _POS, 'Samples per prompt (the GRPO group size).'
-  )
-  max_prompt_length: int = setting(
-    32, _POS, 'Longest prompt in tokens (a longer prompt is an error).'
-  )
-  max_new_tokens: int = setting(16, _POS, 'Response length cap.')
-  temperature: float = setting(
-    1.0,
-    number(0, lo_open=True),
-    'Sampling temperature; the trainer scores with the same one.',
-  )
-  top_k: int = setting(0, _NAT, 'Top-k truncation (0: off).')
-  top_p: float = setting(
-    1.0, number(0, 1, lo_open=True), 'Nucleus truncation (1: off).'
-  )
-  min_p: float = setting(
-    0.0, number(0, 1, hi_open=True), 'Min-p truncation (0: off).'
-  )
-  logprob_mode: str = setting(
-    'full',
-    one_of('full', 'truncated', 'replay'),
-    "μ for the correction: 'full' (verl), 'truncated' (of the truncated "
-    "sampling distribution) or 'replay' (the engine records each token's "
-    'kept set and the trainer renormalises over it: rollout/kept_set.py).',
-  )
-  kept_set_capacity: int = setting(
-    64,
-    _POS,
-    "logprob_mode='replay': kept ids stored per token; a wider set keeps "
-    'its most probable ids and counts as capped (at most 1% of tokens).',
-  )
-  max_concurrent_decodes: int = setting(64, _POS, 'Engine decode slots.')
-  decode_chunk: int = setting(
-    32,
-    _POS,
-    'Engine decode steps per device dispatch: the host reads tokens and '
-    'refills freed slots between dispatches (docs/rollout.md).',
-  )
-  engine_dtype: str = setting(
-    'float32',
-    one_of(*DTYPES),
-    'Engine parameter/compute dtype: a bf16 engine is the usual '
-    'training/inference mismatch.',
-  )
-  engine_quant: str = setting(
-    'none',
-    one_of('none', 'int8'),
-    "Engine weight quantisation: 'none' or 'int8' (per-row symmetric, "
-    'dequantised: a stronger, controlled mismatch).',
-  )
-  mode: str = setting(
-    'sync',
-    one_of('sync', 'async', 'stream'),
-    "'sync' (rollout with the current weights, then train), 'async' (a "
-    'producer thread samples batch s with the weights of step s - '
-    "max_staleness) or 'stream' (continuous decoding across batches; new "
-    'weights enter the engine between decode chunks, mid-sequence: '
-    'docs/async.md).',
-  )
-  weight_sync: str = setting(
-    'latest',
-    one_of('latest', 'scheduled'),
-    'stream: at a chunk boundary the engine takes the newest published '
-    "weights ('latest', PipelineRL; timing decides which tokens each "
-    'version samples) or exactly version max(start, batches done - 1) '
-    "('scheduled': reproducible, waits for it; staleness_policy='wait').",
-  )
-  kv_on_update: str = setting(
-    'keep',
-    one_of('keep', 'recompute'),
-    'stream: after a weight update, in-flight rows attend to the KV cache '
-    "their older weights wrote ('keep', PipelineRL) or the engine "
-    "recomputes it under the new weights first ('recompute': one forward "
-    'over every live row).',
-  )
-  staleness_policy: str = setting(
-    'wait',
-    one_of(*staleness.POLICIES),
-    "'wait': the producer waits for the weights a batch needs, so no token "
-    "is older than max_staleness versions; stream only: 'drop' (never "
-    'wait; a row with a token older than that leaves the loss) or '
-    "'mask' (never wait; only those tokens leave the loss).",
-  )
-  rollout_devices: int = setting(
-    0,
-    _NAT,
-    'async, stream: devices of the rollout sub-mesh (the rest train); 0 '
-    'shares the '
-    "trainer's devices.",
-  )
-  queue_size: int = setting(
-    1,
-    _POS,
-    'async: batches waiting in the queue; stream (drop, mask): batches '
-    'decoded ahead of the one the trainer is on.',
-  )
-  max_staleness: int | None = setting(
-    None,
-    optional(_NAT, 'unlimited; sync mode only'),
-    'Rows older than this many policy versions are dropped; async mode '
-    'also never samples further ahead. None: unlimited (sync).',
-  )
-  allow_nonfinite_logp: bool = setting(
-    False,
-    boolean,
-    'Non-finite rollout log-probs go to the in-graph rejection (True) or '
-    'fail host validation (False).',
-  )
-  max_error_fraction: float = setting(
-    0.0,
-    number(0, 1),
-    'Largest tolerated fraction of ERROR rows before the loop raises.',
-  )
-
-  def __post_init__(self):
-    p = validate(self)
-    if self.mode != 'sync' and self.max_staleness is None:
-      fail(
-        f'{p}.max_staleness',
-        None,
-        f'an int >= 0 with rollout.mode={self.mode!r} (the producer may '
-        'not run further ahead than this many policy versions)',
-      )
-    if self.staleness_policy != 'wait' and self.mode != 'stream':
-      fail(
-        f'{p}.staleness_policy',
-        self.staleness_policy,
-        f"'wait' with rollout.mode={self.mode!r} ('drop' and 'mask' need "
-        "mode='stream', the only producer that runs ahead of the weights)",
-      )
-    if self.weight_sync == 'scheduled' and self.staleness_policy != 'wait':
-      fail(
-        f'{p}.weight_sync',
-        self.weight_sync,
-        "'latest' with staleness_policy="
-        f"{self.staleness_policy!r} ('scheduled' waits for each version)",
-      )
-
-  @property
-  def batch_size(self) -> int:
-    return self.prompts_per_step * self.samples_per_prompt
-
-  @property
-  def truncation(self) -> bool:
-    return self.top_k > 0 or self.top_p < 1 or self.min_p > 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -130,12 +130,16 @@ class Steps:
     logp, ent = scoring.response_logp(
       run, self.graphdef, params, mic, entropy=True
     )
-    correction, gap = None, {}
+    correction, gap, gap_weights = None, {}, {}
     if run.decoupled and corr is not None:
       correction = corr_lib.Correction(mic.corr_weights, mic.corr_mask, {})
     elif not run.decoupled:
       gap = gap_arguments(run, mic.version_gap)
-    return objective.actor_objective(
+    if gap:
+      gap_weights = corr_lib.gap_metric_weights(
+        jax.lax.stop_gradient(logp), mic.rollout_logp, mic.response_mask, **gap
+      )
+    loss, metrics = objective.actor_objective(
       run.losses.actor,
       corr,
       logp=logp,
@@ -153,6 +157,7 @@ class Steps:
       **gap,
       seq_reward=mic.seq_reward,
     )
+    return loss, (metrics, gap_weights)
 
   def _critic_loss(self, critic_params, mic: TrainBatch, counts):
     v = scoring.critic_values(self.critic_graphdef, critic_params, mic)
@@ -173,7 +178,7 @@ class Steps:
     g_acc, cg_acc = carry
     mic, i = xs
     actor_grad = jax.value_and_grad(self._actor_loss, has_aux=True)
-    (loss, met), g = actor_grad(
+    (loss, (met, gap_weights)), g = actor_grad(
       state.params, mic, counts, jax.random.fold_in(key, i)
     )
     met = dict(met, **{'actor/loss': loss})
@@ -183,7 +188,13 @@ class Steps:
       (_, cmet), cg = critic_grad(state.critic_params, mic, critic_counts)
       cg_acc = jax.tree.map(jnp.add, cg_acc, cg)
       met.update(cmet)
-    return (g_acc, cg_acc), reduction.from_loss(met, summed=SUMMED)
+    typed = reduction.from_loss(met, summed=SUMMED)
+    # Bypass mode's per-gap means weigh by their tokens, so the micro-batches
+    # combine to the value of one call on the mini-batch (decoupled mode
+    # computes them once, on the whole batch, in prepare).
+    for k, w in gap_weights.items():
+      typed[k] = reduction.Metric.wavg(met[k], w)
+    return (g_acc, cg_acc), typed
 
   def _minibatch_grads(self, state: TrainState, mb: TrainBatch, key):
     """Summed micro-batch gradients with global normalisers."""

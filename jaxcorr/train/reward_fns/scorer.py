@@ -270,6 +270,21 @@ class RewardScorer:
           timeout=wait,
           return_when=concurrent.futures.FIRST_COMPLETED,
         )
+    return self._combine(
+      values, failures, timeouts, budget_exceeded, pool.stuck()
+    )
+
+  def _combine(
+    self,
+    values: np.ndarray,
+    failures: int,
+    timeouts: int,
+    budget_exceeded: bool,
+    stuck: int,
+  ) -> tuple[np.ndarray, dict[str, float]]:
+    """The weighted rewards of per-function `values` [F, B] (an overflowing
+    sum scores 0 and counts as a failure) and the `reward/` metrics."""
+    n = values.shape[1]
     rewards = (self.weights[:, None] * values).sum(axis=0)
     overflow = np.abs(rewards) > _F32_MAX
     if overflow.any():
@@ -283,7 +298,7 @@ class RewardScorer:
     metrics = {
       'reward/failures': float(failures),
       'reward/timeouts': float(timeouts),
-      'reward/stuck_calls': float(pool.stuck()),
+      'reward/stuck_calls': float(stuck),
       'reward/budget_exceeded': float(budget_exceeded),
     }
     for j, name in enumerate(self.names):
