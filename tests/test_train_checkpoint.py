@@ -417,9 +417,9 @@ def test_console_shows_one_line_per_unreadable_step(tmp_path, damaged):
   else:
     assert proc.returncode == 1, out
     assert out.count('Traceback') == 1, out
-    assert out.splitlines()[-1].startswith(
-      'jaxcorr.train.checkpoint.CheckpointError: restoring checkpoint step 3'
-    ), out
+    last = out.splitlines()[-1]
+    assert last.startswith('jaxcorr.train.checkpoint'), out
+    assert 'CheckpointError: restoring checkpoint step 3' in last, out
 
 
 def test_leftovers_of_a_failed_restore_are_dropped_and_nothing_else(caplog):
