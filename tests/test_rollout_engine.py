@@ -102,18 +102,23 @@ def test_logprobs_match_the_trainer(engine, model, temperature, top_k, top_p):
   err_full = err_trunc = 0.0
   for i, q, seq in _sequences(batch, PROMPTS):
     n, p = len(seq) - len(q), len(q)
-    tokens = jnp.asarray([seq])
+    # Right-padded to one length (causal: padding after the last real token
+    # changes nothing; the rules are row-wise) so the reference compiles
+    # once for every row and parametrization, not once per length.
+    tokens = jnp.asarray([seq + [0] * (_TL - len(seq))])
+    rows = slice(p - 1, p - 1 + n)  # the positions predicting the response
     ref = np.asarray(logprobs(model, tokens, temperature=temperature))
     err_full = max(
-      err_full, np.abs(ref[0, p - 1 :] - batch.rollout_logp[i, :n]).max()
+      err_full, np.abs(ref[0, rows] - batch.rollout_logp[i, :n]).max()
     )
-    logits = forward(model, tokens)[0, p - 1 : -1]
+    logits = forward(model, tokens)[0, :-1]
     keep = sampling.support(logits, temperature, top_k, top_p)
-    y = tokens[0, p:]
-    assert bool(keep[jnp.arange(n), y].all())  # sampled inside K
+    y = tokens[0, 1:]
+    assert bool(keep[jnp.arange(_TL - 1), y][rows].all())  # sampled inside K
     _, trunc = sampling.token_logprobs(logits, y, temperature, keep)
     err_trunc = max(
-      err_trunc, np.abs(trunc - batch.rollout_logp_truncated[i, :n]).max()
+      err_trunc,
+      np.abs(trunc[rows] - batch.rollout_logp_truncated[i, :n]).max(),
     )
   assert err_full <= 1e-5 and err_trunc <= 1e-5, (err_full, err_trunc)
   assert (batch.rollout_logp_truncated >= batch.rollout_logp - 1e-6).all()
