@@ -292,8 +292,10 @@ def test_bf16_engine_differs_measurably_but_slightly(engine, model):
   batch = driver.generate(bf16, PROMPTS, num_samples=2, max_new_tokens=8)
   diffs = []
   for i, q, seq in _sequences(batch, PROMPTS):
-    ref = np.asarray(logprobs(model, jnp.asarray([seq])))[0, len(q) - 1 :]
-    diffs.append(ref - batch.rollout_logp[i, : len(seq) - len(q)])
+    n, p = len(seq) - len(q), len(q)
+    padded = jnp.asarray([seq + [0] * (_TL - len(seq))])  # one compile
+    ref = np.asarray(logprobs(model, padded))[0, p - 1 : p - 1 + n]
+    diffs.append(ref - batch.rollout_logp[i, :n])
   diff = np.concatenate(diffs)  # log π - log μ per token
   # k3 estimator of KL(μ || π) on μ's samples, as rollout_corr/kl reports it.
   kl = float(np.mean(np.exp(diff) - 1 - diff))
@@ -319,7 +321,8 @@ def test_padded_vocab_is_never_sampled_and_logprobs_still_match():
   assert int(batch.response_tokens[batch.response_mask].max()) < real
   for i, q, seq in _sequences(batch, prompts):
     n, p = len(seq) - len(q), len(q)
-    ref = np.asarray(logprobs(model, jnp.asarray([seq]), temperature=1.5))
+    padded = jnp.asarray([seq + [0] * (32 - len(seq))])  # one compile
+    ref = np.asarray(logprobs(model, padded, temperature=1.5))
     np.testing.assert_allclose(
-      batch.rollout_logp[i, :n], ref[0, p - 1 :], atol=1e-5
+      batch.rollout_logp[i, :n], ref[0, p - 1 : p - 1 + n], atol=1e-5
     )
