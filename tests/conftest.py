@@ -2,12 +2,23 @@
 
 The device count must be set before any backend initialises, so it lives here
 and nowhere else; tests that need another count run a subprocess.
+
+A test session keeps JAX's persistent compilation cache in its temporary
+directory: the trainer tests build many Trainers of the same config (compile
+is ~90% of such a test on a CPU), whose programs then compile once a run.
+Only compiles over a second are stored (JAX's default threshold), so the
+many small golden/property programs are neither written nor looked up. A
+cache hit loads the executable XLA built for the same program, so results
+are the same bit for bit; `JAXCORR_TEST_COMPILE_CACHE=0` turns it off.
 """
 
 import collections
+import importlib.util
+import os
 
 import jax
 import pytest
+from jax.experimental.compilation_cache import compilation_cache
 
 jax.config.update('jax_num_cpu_devices', 8)
 jax.config.update('jax_platforms', 'cpu')
@@ -25,6 +36,31 @@ _FRAMEWORKS = (
   'frontier/slime_frontier',
   'frontier/verl_pr',
 )
+
+
+@pytest.fixture(scope='session', autouse=True)
+def _compile_cache(tmp_path_factory):
+  if os.environ.get('JAXCORR_TEST_COMPILE_CACHE', '1') == '0':
+    yield
+    return
+  # Shared by the pytest-xdist workers (their base temps are siblings), so
+  # a program one worker compiled is a hit in the other. A size limit is
+  # what makes JAX read and write entries under a file lock (filelock,
+  # installed with torch); without it entries are written in place, so
+  # each worker then keeps its own.
+  root = tmp_path_factory.getbasetemp()
+  if importlib.util.find_spec('filelock') is not None:
+    if os.environ.get('PYTEST_XDIST_WORKER'):
+      root = root.parent
+    jax.config.update('jax_compilation_cache_max_size', 16 << 30)
+  path = root / 'jax_compile_cache'
+  path.mkdir(exist_ok=True)
+  jax.config.update('jax_compilation_cache_dir', str(path))
+  # A compile during collection fixed "no cache" for good: start afresh.
+  compilation_cache.reset_cache()
+  yield
+  jax.config.update('jax_compilation_cache_dir', None)
+  compilation_cache.reset_cache()
 
 
 def pytest_configure(config):

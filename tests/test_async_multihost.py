@@ -41,7 +41,10 @@ recording the rows it trained on (`--rollouts`):
   checked in the 1-process job of the async test (`stream1`), so it
   agrees across process counts like the async mode.
 
-The async test runs in the default suite; the stream one is `slow`.
+Both are `slow` (a 2-process job and a 1-process job each): the default
+run keeps 2 processes vs 1 in the synchronous mode
+(tests/test_multihost_train.py) and the async fixed lag in one process
+(tests/test_train_loop.py::test_pulse_async_bounded_staleness).
 """
 
 from __future__ import annotations
@@ -147,6 +150,7 @@ def _stable(rows: list[dict]) -> list[dict]:
   ]
 
 
+@pytest.mark.slow
 def test_async_two_processes_agree_with_one(tmp_path):
   _jobs(tmp_path, ASYNC + STREAM_LAG1, more=('stream1',))
   two, one = _rows(tmp_path, 'two', 2), _rows(tmp_path, 'one', 1)

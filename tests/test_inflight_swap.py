@@ -68,9 +68,12 @@ def _sample_across_a_swap(models, *, recompute: bool, swap_after: int = 1):
 
 
 def _trainer_logp(model, req):
-  seq = jnp.asarray([list(req.prompt) + req.tokens])
-  p = len(req.prompt)
-  return np.asarray(logprobs(model, seq, temperature=1.0))[0, p - 1 :]
+  seq = list(req.prompt) + req.tokens
+  p, n = len(req.prompt), len(req.tokens)
+  # Right-padded to the engine's target length (causal): one compile.
+  padded = jnp.asarray([seq + [0] * (64 - len(seq))])
+  lp = logprobs(model, padded, temperature=1.0)
+  return np.asarray(lp)[0, p - 1 : p - 1 + n]
 
 
 def test_recompute_matches_each_versions_weights(models):

@@ -54,6 +54,10 @@ def test_quickstart(small_env):
   print(f'quickstart.ipynb: {wall:.0f}s')
 
 
+# Slow (4 small runs and a warm-up): the default run executes a notebook
+# end to end with test_quickstart, and tests/test_lab.py checks the lab's
+# plan, tables and results files this notebook calls.
+@pytest.mark.slow
 @pytest.mark.notebook
 def test_mismatch_lab(small_env):
   wall = _execute('mismatch_lab.ipynb', small_env)

@@ -102,18 +102,23 @@ def test_logprobs_match_the_trainer(engine, model, temperature, top_k, top_p):
   err_full = err_trunc = 0.0
   for i, q, seq in _sequences(batch, PROMPTS):
     n, p = len(seq) - len(q), len(q)
-    tokens = jnp.asarray([seq])
+    # Right-padded to one length (causal: padding after the last real token
+    # changes nothing; the rules are row-wise) so the reference compiles
+    # once for every row and parametrization, not once per length.
+    tokens = jnp.asarray([seq + [0] * (_TL - len(seq))])
+    rows = slice(p - 1, p - 1 + n)  # the positions predicting the response
     ref = np.asarray(logprobs(model, tokens, temperature=temperature))
     err_full = max(
-      err_full, np.abs(ref[0, p - 1 :] - batch.rollout_logp[i, :n]).max()
+      err_full, np.abs(ref[0, rows] - batch.rollout_logp[i, :n]).max()
     )
-    logits = forward(model, tokens)[0, p - 1 : -1]
+    logits = forward(model, tokens)[0, :-1]
     keep = sampling.support(logits, temperature, top_k, top_p)
-    y = tokens[0, p:]
-    assert bool(keep[jnp.arange(n), y].all())  # sampled inside K
+    y = tokens[0, 1:]
+    assert bool(keep[jnp.arange(_TL - 1), y][rows].all())  # sampled inside K
     _, trunc = sampling.token_logprobs(logits, y, temperature, keep)
     err_trunc = max(
-      err_trunc, np.abs(trunc - batch.rollout_logp_truncated[i, :n]).max()
+      err_trunc,
+      np.abs(trunc[rows] - batch.rollout_logp_truncated[i, :n]).max(),
     )
   assert err_full <= 1e-5 and err_trunc <= 1e-5, (err_full, err_trunc)
   assert (batch.rollout_logp_truncated >= batch.rollout_logp - 1e-6).all()
@@ -287,8 +292,10 @@ def test_bf16_engine_differs_measurably_but_slightly(engine, model):
   batch = driver.generate(bf16, PROMPTS, num_samples=2, max_new_tokens=8)
   diffs = []
   for i, q, seq in _sequences(batch, PROMPTS):
-    ref = np.asarray(logprobs(model, jnp.asarray([seq])))[0, len(q) - 1 :]
-    diffs.append(ref - batch.rollout_logp[i, : len(seq) - len(q)])
+    n, p = len(seq) - len(q), len(q)
+    padded = jnp.asarray([seq + [0] * (_TL - len(seq))])  # one compile
+    ref = np.asarray(logprobs(model, padded))[0, p - 1 : p - 1 + n]
+    diffs.append(ref - batch.rollout_logp[i, :n])
   diff = np.concatenate(diffs)  # log π - log μ per token
   # k3 estimator of KL(μ || π) on μ's samples, as rollout_corr/kl reports it.
   kl = float(np.mean(np.exp(diff) - 1 - diff))
@@ -314,7 +321,8 @@ def test_padded_vocab_is_never_sampled_and_logprobs_still_match():
   assert int(batch.response_tokens[batch.response_mask].max()) < real
   for i, q, seq in _sequences(batch, prompts):
     n, p = len(seq) - len(q), len(q)
-    ref = np.asarray(logprobs(model, jnp.asarray([seq]), temperature=1.5))
+    padded = jnp.asarray([seq + [0] * (32 - len(seq))])  # one compile
+    ref = np.asarray(logprobs(model, padded, temperature=1.5))
     np.testing.assert_allclose(
-      batch.rollout_logp[i, :n], ref[0, p - 1 :], atol=1e-5
+      batch.rollout_logp[i, :n], ref[0, p - 1 : p - 1 + n], atol=1e-5
     )

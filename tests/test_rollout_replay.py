@@ -56,7 +56,9 @@ def test_replay_ratio_is_one_where_the_full_ratio_is_biased(model):
     q = PROMPTS[batch.group_id[i]]
     n = int(batch.response_mask[i].sum())
     seq = jnp.asarray([q + batch.response_tokens[i, :n].tolist()])
-    logits = forward(model, seq)[0, len(q) - 1 : -1]
+    # Right-padded to one length (causal) so the forward compiles once.
+    padded = jnp.pad(seq, ((0, 0), (0, 64 - seq.shape[1])))
+    logits = forward(model, padded)[0, len(q) - 1 : len(q) - 1 + n]
     # The recorded set is exactly the sampler's support on these logits.
     kept = KeptSet(
       ids=jnp.asarray(batch.kept_ids[i, :n]),

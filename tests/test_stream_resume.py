@@ -84,12 +84,29 @@ def _rows(arrays: dict, run: str, step: int) -> dict:
   }
 
 
-def _metrics(workdir: pathlib.Path) -> list[dict]:
+def _metrics(workdir: pathlib.Path, volatile: bool = False) -> list[dict]:
   with open(workdir / 'metrics.jsonl') as f:
     rows = [json.loads(line) for line in f]
+  if volatile:
+    return rows
   return [
     {k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows
   ]
+
+
+def _assert_bounded_and_mixed(rows: list[dict]) -> None:
+  """What tests/test_train_stream.py::test_scheduled_stream_is_bounded_and_
+  mixed (slow) asserts of its run, here of the uninterrupted one."""
+  for r in rows:
+    assert r['rollout/staleness_max'] <= 2
+    assert r['rollout/stale_dropped_fraction'] == 0
+    assert 0 <= r['stream/engine_idle_fraction'] <= 1
+    assert 0 <= r['stream/trainer_idle_fraction'] <= 1
+  # Every update moves the weights, so the versions differ.
+  assert min(r['actor/grad_norm'] for r in rows) > 0
+  # In flight: some batch holds rows sampled by two versions.
+  assert max(r['rollout/mixed_version_fraction'] for r in rows) > 0
+  assert max(r['stream/swaps_in_flight'] for r in rows) >= 1
 
 
 def _assert_same(a: dict, b: dict, what) -> None:
@@ -104,6 +121,7 @@ def test_stream_resume_from_a_checkpoint_is_exact(tmp_path):
   params = {**_load(tmp_path / 'a.npz'), **_load(tmp_path / 'b.npz')}
   full_metrics = _metrics(tmp_path / 'full')
   assert [r['step'] for r in full_metrics] == list(range(1, STEPS + 1))
+  _assert_bounded_and_mixed(_metrics(tmp_path / 'full', volatile=True))
   mixed = 0
   for step in range(1, STEPS + 1):
     full = _rows(before, 'full', step)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from configs import arith_tiny
 from jaxcorr.train import reward_fns
@@ -46,6 +47,9 @@ def _run(config, workdir):
   return trainer, [r for r in rows if r['step'] > 0]
 
 
+# Slow: tests/test_stream_resume.py asserts the same of its uninterrupted
+# scheduled stream (same stream settings, 6 steps), with reproducibility.
+@pytest.mark.slow
 def test_scheduled_stream_is_bounded_and_mixed(tmp_path):
   """Reproducibility (two runs equal bit for bit) is asserted with the
   resume in tests/test_stream_resume.py."""
