@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import rollout as bench  # bench/rollout.py: the model and shapes
 from flax import nnx
-from jax._src.profiler import ProfileData
 
 from jaxcorr.model import Transformer, TransformerConfig
 from jaxcorr.rollout.engine import PolicyEngine
@@ -92,7 +91,7 @@ def main() -> None:
         engine.decode_chunk(s, stop, attend_len=args.attend)
       )
     jax.profiler.stop_trace()
-    data = ProfileData.from_file(
+    data = jax.profiler.ProfileData.from_file(
       glob.glob(f'{d}/**/*.xplane.pb', recursive=True)[0]
     )
   total = collections.Counter()
