@@ -139,14 +139,50 @@ def sample(
 
   Returns:
     tokens [B] int32, logp_full [B] and logp_truncated [B] float32.
+
+  When no row truncates (top_k = 0, top_p = 1, min_p = 0: the RL default)
+  the kept set is the whole vocabulary, the two log-probs are equal, and
+  one pass of exp(z - max z) into per-block sums gives both the
+  normaliser and the draw's first race (`_sample_untruncated`); otherwise
+  the softmax probabilities go through `support` first.
   """
-  log_q = jax.nn.log_softmax(scaled_logits(logits, temperature), axis=-1)
+  z = scaled_logits(logits, temperature)
+  batch = z.shape[:-1]
+  truncates = jnp.any(
+    (_per_row(top_k, batch, jnp.int32) > 0)
+    | (_per_row(top_p, batch, jnp.float32) < 1.0)
+    | (_per_row(min_p, batch, jnp.float32) > 0.0)
+  )
+  return jax.lax.cond(
+    truncates,
+    lambda: _sample_truncated(keys, z, top_k, top_p, min_p),
+    lambda: _sample_untruncated(keys, z),
+  )
+
+
+def _sample_truncated(keys, z, top_k, top_p, min_p):
+  """`sample` from scaled logits z [B, V] through the kept set."""
+  log_q = jax.nn.log_softmax(z, axis=-1)
   q = jnp.exp(log_q)
   keep = _support_of_probs(q, top_k, top_p, min_p)
-  tokens = draw(keys, jnp.where(keep, q, 0.0))
+  w = jnp.where(keep, q, 0.0)
+  tokens = _draw_blocks(keys, *_blocks(w, 0.0))
   full = jnp.take_along_axis(log_q, tokens[..., None], axis=-1)[..., 0]
-  kept_mass = jnp.sum(jnp.where(keep, q, 0.0), axis=-1)
+  kept_mass = jnp.sum(w, axis=-1)
   return tokens, full, full - jnp.log(kept_mass)
+
+
+def _sample_untruncated(keys, z):
+  """`sample` from scaled logits z [B, V] over the full vocabulary: log q[y]
+  = z[y] - m - log Σ exp(z - m), with the sum taken over the block sums
+  the draw races over (no log-softmax, no second pass over V)."""
+  m = jnp.max(z, axis=-1, keepdims=True)
+  e, size = _blocks(jnp.exp(z - m), 0.0)
+  block_sums = jnp.sum(e, axis=-1)
+  tokens = _draw_blocks(keys, e, size, block_sums)
+  z_y = jnp.take_along_axis(z, tokens[..., None], axis=-1)[..., 0]
+  full = z_y - m[..., 0] - jnp.log(jnp.sum(block_sums, axis=-1))
+  return tokens, full, full
 
 
 def draw(keys: jax.Array, w: jax.Array) -> jax.Array:
@@ -161,19 +197,33 @@ def draw(keys: jax.Array, w: jax.Array) -> jax.Array:
   instead of V: the random bits dominated a decode step's sampling. Entries
   of weight 0 never win (they score -1).
   """
-  b, v = w.shape
+  return _draw_blocks(keys, *_blocks(w, 0.0))
+
+
+def _blocks(x: jax.Array, pad: float) -> tuple[jax.Array, int]:
+  """x [B, V] -> (x padded with `pad` and reshaped [B, V / S, S], S): S the
+  power of two nearest above √V."""
+  b, v = x.shape
   size = 1 << max(0, math.ceil(math.log2(math.sqrt(v))))
   blocks = -(-v // size)
-  w = jnp.pad(w, ((0, 0), (0, blocks * size - v))).reshape(b, blocks, size)
-  outer, inner = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
+  x = jnp.pad(x, ((0, 0), (0, blocks * size - v)), constant_values=pad)
+  return x.reshape(b, blocks, size), size
+
+
+def _draw_blocks(keys, w, size, block_sums=None) -> jax.Array:
+  """`draw` on weights already in blocks, w [B, V / S, S]; block_sums
+  [B, V / S] when the caller has them. One uniform draw per row gives both
+  races' √V-wide noise (one threefry call instead of a split and two)."""
   tiny = jnp.finfo(jnp.float32).tiny
+  if block_sums is None:
+    block_sums = jnp.sum(w, axis=-1)
+  width = max(w.shape[1], size)
+  u = jax.vmap(lambda k: jax.random.uniform(k, (2, width), minval=tiny))(keys)
 
-  def race(keys, x):
-    u = jax.vmap(lambda k: jax.random.uniform(k, x.shape[-1:], minval=tiny))(
-      keys
-    )
-    return jnp.argmax(jnp.where(x > 0, x / -jnp.log(u), -1.0), axis=-1)
+  def race(x, u):
+    n = x.shape[-1]
+    return jnp.argmax(jnp.where(x > 0, x / -jnp.log(u[:, :n]), -1.0), axis=-1)
 
-  block = race(outer, jnp.sum(w, axis=-1))
+  block = race(block_sums, u[:, 0])
   chosen = jnp.take_along_axis(w, block[:, None, None], axis=1)[:, 0]
-  return (block * size + race(inner, chosen)).astype(jnp.int32)
+  return (block * size + race(chosen, u[:, 1])).astype(jnp.int32)

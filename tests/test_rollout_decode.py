@@ -73,3 +73,42 @@ def test_samples_share_one_prefill_and_keep_their_own_keys(model):
     )
     assert int(one.token[0]) == int(prefix.token[m])
     np.testing.assert_allclose(one.logp[0], prefix.logp[m], atol=1e-5)
+
+
+def test_warm_up_dispatches_every_variant_generate_uses(model):
+  """`Decoder.warm_up` runs `decode_chunk` for every (batch size,
+  attention bucket) and `compact` for every pair of sizes the decoder can
+  reach, so a batch that refills and shrinks compiles nothing new."""
+  from jaxcorr.rollout.decoder import Decoder
+
+  engine = _engine(
+    model, max_concurrent_decodes=16, decode_chunk=3, min_attend_bucket=8
+  )
+  seen = {'chunk': set(), 'compact': set()}
+  chunk, compact = engine.decode_chunk, engine.compact
+
+  def record_chunk(state, stop, **kw):
+    seen['chunk'].add((state.tokens.shape[0], kw['attend_len'], stop.shape))
+    return chunk(state, stop, **kw)
+
+  def record_compact(state, rows):
+    seen['compact'].add((state.tokens.shape[0], len(rows)))
+    return compact(state, rows)
+
+  engine.decode_chunk, engine.compact = record_chunk, record_compact
+  stop = tuple(range(0, 128, 9))
+  Decoder(
+    engine,
+    sp=SamplingParams(1.1, 0, 1.0, 0.0),
+    max_new_tokens=20,
+    stop_token_ids=stop,
+  ).warm_up()
+  warmed = {k: set(v) for k, v in seen.items()}
+  assert {s for s, _, _ in warmed['chunk']} == {16, 8}
+  assert warmed['compact'] == {(16, 8)}
+  for seed in range(3):
+    driver.generate(
+      engine, PROMPTS, num_samples=4, max_new_tokens=20,
+      temperature=1.1, stop_token_ids=stop, seed=seed,
+    )  # fmt: skip
+  assert seen['compact'] and seen == warmed, (seen, warmed)

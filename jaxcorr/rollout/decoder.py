@@ -172,6 +172,27 @@ class Decoder:
         self.slots[slot] = None
     return done
 
+  def warm_up(self) -> None:
+    """Compile, before any request, every decode variant this decoder can
+    dispatch: `decode_chunk` for each batch size `_shrink` can make and
+    each attention bucket, and `compact` between those sizes. Runs them on
+    empty states (a chunk with no active slot leaves at once), so a
+    trainer's or benchmark's first batches do not compile mid-rollout."""
+    engine, n = self.engine, len(self.slots)
+    sizes, size = [n], _MIN_ROWS
+    while size <= n // 2:  # the powers of two `_shrink` can pick
+      sizes.insert(1, size)
+      size *= 2
+    states = {n: engine.init_decode_state()}
+    for i, size in enumerate(sizes):
+      for smaller in sizes[i + 1 :]:
+        states[smaller] = engine.compact(states[size], list(range(smaller)))
+      for bucket in engine.attend_buckets:
+        states[size], _ = engine.decode_chunk(  # donates the state
+          states[size], self.stop_arr, attend_len=bucket
+        )
+    jax.block_until_ready(states)
+
   def _admit(self):
     """Prefill the waiting requests that fit in free slots (each prompt
     once) and insert them; ([(slot, request)], their Prefix or None)."""
