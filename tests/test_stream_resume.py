@@ -94,7 +94,7 @@ def _metrics(workdir: pathlib.Path, volatile: bool = False) -> list[dict]:
   ]
 
 
-def _assert_bounded_and_mixed(rows: list[dict]) -> None:
+def assert_bounded_and_mixed(rows: list[dict]) -> None:
   """What tests/test_train_stream.py::test_scheduled_stream_is_bounded_and_
   mixed (slow) asserts of its run, here of the uninterrupted one."""
   for r in rows:
@@ -121,7 +121,7 @@ def test_stream_resume_from_a_checkpoint_is_exact(tmp_path):
   params = {**_load(tmp_path / 'a.npz'), **_load(tmp_path / 'b.npz')}
   full_metrics = _metrics(tmp_path / 'full')
   assert [r['step'] for r in full_metrics] == list(range(1, STEPS + 1))
-  _assert_bounded_and_mixed(_metrics(tmp_path / 'full', volatile=True))
+  assert_bounded_and_mixed(_metrics(tmp_path / 'full', volatile=True))
   mixed = 0
   for step in range(1, STEPS + 1):
     full = _rows(before, 'full', step)

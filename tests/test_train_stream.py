@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from test_stream_resume import assert_bounded_and_mixed
 
 from configs import arith_tiny
 from jaxcorr.train import reward_fns
@@ -56,16 +57,7 @@ def test_scheduled_stream_is_bounded_and_mixed(tmp_path):
   config = _config(rollout__weight_sync='scheduled')
   _, rows = _run(config, tmp_path / 'a')
   assert len(rows) == 4
-  for r in rows:
-    assert r['rollout/staleness_max'] <= 2
-    assert r['rollout/stale_dropped_fraction'] == 0
-    assert 0 <= r['stream/engine_idle_fraction'] <= 1
-    assert 0 <= r['stream/trainer_idle_fraction'] <= 1
-  # Every update moves the weights, so the versions differ.
-  assert min(r['actor/grad_norm'] for r in rows) > 0
-  # In flight: some batch holds rows sampled by two versions.
-  assert max(r['rollout/mixed_version_fraction'] for r in rows) > 0
-  assert max(r['stream/swaps_in_flight'] for r in rows) >= 1
+  assert_bounded_and_mixed(rows)
 
 
 def test_latest_stream_with_recomputed_caches_trains(tmp_path):
