@@ -29,6 +29,7 @@ from jaxcorr.model import (
   Transformer,
   TransformerConfig,
   UnsupportedModelError,
+  layers,
   logprobs_from_hidden,
   naive_token_logprobs,
   segment_positions,
@@ -306,6 +307,30 @@ def _loss_and_grads(model, tokens):
     return token_logprobs(m, tokens, chunk_size=8).mean()
 
   return nnx.jit(nnx.value_and_grad(loss))(model)
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_one_query_attention_equals_the_general_path(dtype):
+  """Decode attention (one query against the cache, layers._attend_one,
+  broadcast multiply + reduce) equals the einsum path of `attend` on the
+  same inputs in the [B, T, K, Dh] layout, padding masked out."""
+  b, t, h, kv, dh = 3, 11, 8, 2, 16
+  keys = jax.random.split(jax.random.key(0), 3)
+  q = jax.random.normal(keys[0], (b, 1, h, dh)).astype(dtype)
+  k = jax.random.normal(keys[1], (b, kv, t, dh)).astype(dtype)
+  v = jax.random.normal(keys[2], (b, kv, t, dh)).astype(dtype)
+  mask = jnp.arange(t)[None, None, :] < jnp.array([11, 4, 1])[:, None, None]
+  got = layers.attend(q, k, v, mask, heads_first=True)
+  ref = layers.attend(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
+  assert got.shape == ref.shape == (b, 1, h, dh) and got.dtype == dtype
+  tol = 1e-5 if dtype == jnp.float32 else 2e-2
+  np.testing.assert_allclose(
+    np.asarray(got, np.float32), np.asarray(ref, np.float32), atol=tol
+  )
+  # A masked slot changes nothing: row 2 sees only slot 0.
+  v2 = v.at[2, :, 1:].set(100)
+  got2 = layers.attend(q, k, v2, mask, heads_first=True)
+  np.testing.assert_array_equal(np.asarray(got2[2]), np.asarray(got[2]))
 
 
 def test_remat_and_scan_give_same_values_and_gradients():

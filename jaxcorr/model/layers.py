@@ -183,6 +183,10 @@ def attend(
   """
   b, s, h, dh = q.shape
   kv = k.shape[1 if heads_first else 2]
+  if s == 1 and heads_first:
+    return _attend_one(q.reshape(b, kv, h // kv, dh), k, v, mask).reshape(
+      b, 1, h, dh
+    )
   kv_spec = 'bktd' if heads_first else 'btkd'
   q = q.reshape(b, s, kv, h // kv, dh)
   scores = jnp.einsum(
@@ -197,6 +201,30 @@ def attend(
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum(f'bkgst,{kv_spec}->bskgd', probs, v, precision=precision)
   return out.reshape(b, s, h, dh)
+
+
+def _attend_one(
+  q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
+) -> jax.Array:
+  """One query per row against the cache (decode): q [B, K, G, Dh], k/v
+  [B, K, T, Dh], mask [B or 1, 1, T] -> [B, K, G, Dh].
+
+  Broadcast multiply + reduce instead of dots: with one query, each (row,
+  head) is a matrix-vector product that XLA:CPU runs as a small batched
+  GEMM with poor utilisation; as a fused loop over T it streams the cache
+  once.
+  """
+  scores = jnp.sum(
+    q[:, :, :, None, :].astype(jnp.float32)
+    * k[:, :, None, :, :].astype(jnp.float32),
+    axis=-1,
+  ) * (q.shape[-1] ** -0.5)
+  scores = jnp.where(mask[:, None, None, 0], scores, _NEG_INF)
+  probs = jax.nn.softmax(scores, axis=-1)
+  out = jnp.sum(
+    probs[..., None] * v[:, :, None, :, :].astype(jnp.float32), axis=-2
+  )
+  return out.astype(v.dtype)
 
 
 class Attention(nnx.Module):
