@@ -160,17 +160,23 @@ def opt_state_shardings(tx, opt_state, params_shardings, mesh):
   )
 
 
-def fresh_train_state(run, mesh):
+def fresh_train_state(run, mesh, *, sharded: bool = False):
   """(state, steps) of a step-0 trainer for `run` on `mesh`: a random
   policy (seed 0), no critic, a zero KL coefficient; what the step tests
-  feed `Steps.prepare` / `RLStep` directly, without `setup.make_state`'s
-  sharded initialisation."""
+  feed `Steps.prepare` / `RLStep` directly, without `setup.make_state`
+  (`sharded`: the params initialised on `mesh`, else on one device)."""
   from jaxcorr.losses import rewards
   from jaxcorr.train.setup import model_config
   from jaxcorr.train.state import TrainState, make_optimizer
   from jaxcorr.train.step import Steps
 
-  model = Transformer(model_config(run), rngs=nnx.Rngs(0))
+  cfg = model_config(run)
+  if sharded:  # params laid out on `mesh` by their logical axes
+    model = sharding.init_sharded(
+      lambda: Transformer(cfg, rngs=nnx.Rngs(0)), mesh
+    )
+  else:
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model)
   tx, schedule = make_optimizer(run.optim, 1e-3, 10)
   with jax.set_mesh(mesh):

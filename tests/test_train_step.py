@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from model_testing import fresh_train_state
 
 from configs import arith_tiny
 from jaxcorr import sharding
@@ -21,7 +22,7 @@ from jaxcorr.rollout.types import FinishReason, RolloutBatch
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train import run_config as run_lib
 from jaxcorr.train.setup import model_config
-from jaxcorr.train.state import TrainState, make_optimizer
+from jaxcorr.train.state import make_optimizer
 from jaxcorr.train.step import Steps
 
 B, P, T = 8, 6, 5
@@ -67,21 +68,8 @@ def _rollout(seed: int = 0) -> tuple[RolloutBatch, np.ndarray]:
 
 
 def _step(run, mesh, arrays):
-  cfg = model_config(run)
-  model = sharding.init_sharded(
-    lambda: Transformer(cfg, rngs=nnx.Rngs(0)), mesh
-  )
-  graphdef, params = nnx.split(model)
-  tx, schedule = make_optimizer(run.optim, 1e-3, 10)
+  state, steps = fresh_train_state(run, mesh, sharded=True)
   with jax.set_mesh(mesh):
-    state = TrainState(
-      params=params,
-      opt_state=jax.jit(tx.init)(params),
-      kl_ctrl=rewards.KLControllerState(coef=jnp.zeros(())),
-      rng=jax.random.PRNGKey(0),
-      updates=jnp.zeros((), jnp.int32),
-    )
-    steps = Steps(run, graphdef, tx, schedule)
     dev = batch_lib.to_device(mesh, arrays)
     _, train_arrays, prep = steps.prepare(
       state.params, None, state.kl_ctrl, None, dev
