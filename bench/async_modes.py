@@ -7,7 +7,7 @@ tokens/s of the whole RL loop, side by side in one process.
 
 Runs the real trainer (`jaxcorr.train.loop.Trainer`, one per mode, same
 model, batch, seed and task) with the rollout source each mode builds
-(`jaxcorr.train.rollout_source.make_rollouts`):
+(`jaxcorr.train.rollouts.source.make_rollouts`):
 
   sync     rollout.mode='sync': sample, then update (staleness 0)
   async    rollout.mode='async', max_staleness=1: batch s sampled whole by
@@ -50,8 +50,8 @@ from absl import logging
 
 from configs import arith_tiny
 from jaxcorr.train.loop import Trainer
-from jaxcorr.train.reduction import values
-from jaxcorr.train.rollout_source import make_rollouts
+from jaxcorr.train.rollouts.source import make_rollouts
+from jaxcorr.train.tracker.reduction import values
 
 MODES = {
   'sync': {'mode': 'sync'},

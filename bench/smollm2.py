@@ -29,7 +29,7 @@ from train import flops_per_token, matmul_peak
 from configs import smollm2_arith
 from jaxcorr.model import smollm2
 from jaxcorr.train.loop import Trainer
-from jaxcorr.train.rollout_source import make_rollouts
+from jaxcorr.train.rollouts.source import make_rollouts
 
 
 def step_split(preset: str, steps: int, prompts: int, samples: int) -> None:

@@ -27,9 +27,9 @@ import jax.numpy as jnp
 
 from configs import arith_tiny
 from jaxcorr.train.loop import Trainer
-from jaxcorr.train.reduction import values
-from jaxcorr.train.rollout_source import SyncRollouts
+from jaxcorr.train.rollouts.source import SyncRollouts
 from jaxcorr.train.setup import model_config
+from jaxcorr.train.tracker.reduction import values
 
 
 def matmul_peak(n: int = 1024, reps: int = 3) -> float:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs import base
-from jaxcorr.train.tasks import CharTokenizer
+from jaxcorr.data.tasks import CharTokenizer
 
 
 def apply_task(config: ml_collections.ConfigDict) -> None:

@@ -90,7 +90,7 @@ def model_config(config: Any) -> Any:
       remat=m.remat,
       scan_layers=m.scan_layers,
     )
-  from jaxcorr.train.tasks import CharTokenizer
+  from jaxcorr.data.tasks import CharTokenizer
 
   tok = CharTokenizer()
   return TransformerConfig(
@@ -106,7 +106,7 @@ def export(
 ) -> int:
   """Writes the policy of `workdir`'s checkpoint to `out`; returns the step."""
   from jaxcorr.model import Transformer, save_hf
-  from jaxcorr.train import checkpoint
+  from jaxcorr.train.checkpoints import checkpointer as checkpoint
 
   config = load_run_config(workdir)
   ckpt_dir = os.path.join(workdir, 'checkpoints')

@@ -11,7 +11,7 @@ override (`--config.train.num_step=5`) fails before anything runs, and
 `jaxcorr.train.run_config.build` validates every field and combination at
 start-up. Re-running with the same `--workdir` resumes from its latest
 checkpoint; a changed config is refused unless `--allow_config_change`, and
-a second trainer on a workdir in use is refused (`jaxcorr.train.workdir`).
+a second trainer on a workdir in use is refused (`jaxcorr.train.checkpoints.workdir`).
 Multi-process runs: see `jaxcorr.distributed` and docs/tpu.md.
 
 Exit status: 0 when `train.num_steps` were run; 75 (`EXIT_PREEMPTED`) when
@@ -71,7 +71,8 @@ def main(argv: Sequence[str]) -> None:
     distributed.initialize_from_flags()
   except ValueError as e:
     raise app.UsageError(str(e)) from e
-  from jaxcorr.train import preemption, workdir
+  from jaxcorr.train import preemption
+  from jaxcorr.train.checkpoints import workdir
   from jaxcorr.train.loop import Trainer
 
   try:

@@ -166,7 +166,7 @@ def host_params(trainer: Any, params: Any) -> dict[str, Any]:
 def checkpoint_params(trainer: Any, step: int) -> Any:
   """The policy params of checkpoint `step`, restored into this job's
   shardings (the trainer's state and metrics file are left alone)."""
-  from jaxcorr.train import checkpoint
+  from jaxcorr.train.checkpoints import checkpointer as checkpoint
 
   ref_like = trainer.state.params if trainer.run.needs_ref else None
   tree = {'state': trainer.state, 'ref': ref_like}
@@ -197,7 +197,7 @@ def main(argv: list[str]) -> None:
   import numpy as np
 
   from configs import arith_tiny
-  from jaxcorr.train import reward_fns
+  from jaxcorr import rewards as reward_fns
   from jaxcorr.train.loop import Trainer
 
   assert jax.process_count() == args.processes, jax.process_count()

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from jaxcorr.train.metrics import read_metrics
+from jaxcorr.train.tracker.metrics import read_metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ decoupled_token_is` (no SFT, no evaluation), 3 RL steps, each process
 recording the rows it trained on (`--rollouts`):
 
 * `rollout.mode='async'`, max_staleness=1 (fixed lag: batch s is sampled
-  by version max(s - 1, 0) whole, jaxcorr/train/async_rollout.py): the
+  by version max(s - 1, 0) whole, jaxcorr/train/rollouts/fixed_lag.py): the
   2-process run samples the 1-process rows (prompts, tokens, per-token
   versions, rewards equal; rollout log-probs within 4.8e-7), logs its
   metrics and ends with its parameters, within the tolerances of
@@ -14,7 +14,7 @@ recording the rows it trained on (`--rollouts`):
   3 steps, while they move by 4.5e-4). Step 3 trains on rows sampled by
   version 1, i.e. by the weights the 2-process trainer published.
 * `rollout.mode='stream'`, weight_sync='scheduled', max_staleness=2,
-  queue_size=2, decode_chunk=2 (jaxcorr/train/stream_rollout.py): the
+  queue_size=2, decode_chunk=2 (jaxcorr/train/rollouts/stream.py): the
   engine swaps weights at decode-chunk boundaries, and where those fall
   depends on each process's decoder: its slots hold only its own share of
   each draw. With 16 slots per process, 1 process decodes draw 0's 16 rows

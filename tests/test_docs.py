@@ -78,7 +78,7 @@ def _loader(tmp_path):
   import jax
 
   from configs import arith_tiny
-  from jaxcorr.train import data
+  from jaxcorr.data import prompts as data
 
   config = arith_tiny.get_config()
   return dict(
@@ -87,7 +87,7 @@ def _loader(tmp_path):
 
 
 def _custom_reward(tmp_path):
-  from jaxcorr.train import reward_fns
+  from jaxcorr import rewards as reward_fns
 
   reward_fns.REWARDS.pop('short_answer', None)
   return {}

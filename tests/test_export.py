@@ -15,7 +15,7 @@ from model_testing import random_model
 from configs import arith_tiny
 from jaxcorr import export
 from jaxcorr.model import load_hf
-from jaxcorr.train import checkpoint
+from jaxcorr.train.checkpoints import checkpointer as checkpoint
 
 
 def _run_dir(tmp_path):

@@ -45,8 +45,8 @@ import process_group
 
 from jaxcorr.rollout.types import RolloutBatch
 from jaxcorr.train import batch as batch_lib
-from jaxcorr.train import reduction
-from jaxcorr.train.reduction import Metric
+from jaxcorr.train.tracker import reduction
+from jaxcorr.train.tracker.reduction import Metric
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DRIVER = REPO / 'tests' / 'multihost_driver.py'

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from jaxcorr.train import reward_fns as R
+from jaxcorr import rewards as R
 
 # -- built-in rewards --------------------------------------------------------
 

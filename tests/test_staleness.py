@@ -1,4 +1,4 @@
-"""Per-token staleness on the trainer side (jaxcorr/train/staleness.py):
+"""Per-token staleness on the trainer side (jaxcorr/train/rollouts/staleness.py):
 `rollout.staleness_policy` on exact rows and tokens, the `staleness/`
 metrics against plain Python loops, the version gap reaching the
 correction's `rollout_corr/gap<g>/` metrics through `RLStep`, and missing
@@ -23,11 +23,12 @@ from jaxcorr.losses import objective
 from jaxcorr.rollout import ValidationConfig, validate_rollout_batch
 from jaxcorr.rollout.types import FinishReason, RolloutBatch
 from jaxcorr.train import batch as batch_lib
-from jaxcorr.train import reduction, staleness
 from jaxcorr.train import run_config as run_lib
-from jaxcorr.train.reduction import Metric
 from jaxcorr.train.rl_step import RLStep
-from jaxcorr.train.rollout_stage import Scored
+from jaxcorr.train.rollouts import staleness
+from jaxcorr.train.rollouts.stage import Scored
+from jaxcorr.train.tracker import reduction
+from jaxcorr.train.tracker.reduction import Metric
 
 STOP, ABORT, PAD = FinishReason.STOP, FinishReason.ABORT, FinishReason.PAD
 

@@ -1,5 +1,5 @@
 """Resuming `rollout.mode='stream'` with weight_sync='scheduled' is exact
-from a periodic checkpoint (jaxcorr/train/stream_rollout.py, "Resume").
+from a periodic checkpoint (jaxcorr/train/rollouts/stream.py, "Resume").
 
 Runs of `tests/multihost_driver.py` (1 process, 8 CPU devices; the pulse
 config with its scattering reward, so every update moves the weights) in

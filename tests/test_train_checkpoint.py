@@ -20,7 +20,7 @@ from model_testing import random_model, tiny_config
 
 from jaxcorr import sharding
 from jaxcorr.losses import rewards
-from jaxcorr.train import checkpoint
+from jaxcorr.train.checkpoints import checkpointer as checkpoint
 from jaxcorr.train.state import TrainState
 
 
@@ -418,7 +418,7 @@ def test_console_shows_one_line_per_unreadable_step(tmp_path, damaged):
     assert proc.returncode == 1, out
     assert out.count('Traceback') == 1, out
     last = out.splitlines()[-1]
-    assert last.startswith('jaxcorr.train.checkpoint'), out
+    assert last.startswith('jaxcorr.train.checkpoints.checkpointer'), out
     assert 'CheckpointError: restoring checkpoint step 3' in last, out
 
 
@@ -429,7 +429,7 @@ def test_leftovers_of_a_failed_restore_are_dropped_and_nothing_else(caplog):
   import asyncio
   import types
 
-  from jaxcorr.train import failed_restore
+  from jaxcorr.train.checkpoints import failed_restore
 
   failed_restore.discard_leftovers(ValueError('a failed restore'))
 

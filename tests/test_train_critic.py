@@ -15,7 +15,7 @@ import numpy as np
 from flax import nnx
 
 from configs import arith_tiny
-from jaxcorr.train import reward_fns
+from jaxcorr import rewards as reward_fns
 from jaxcorr.train.loop import Trainer
 
 LENGTH_REWARD = 'test_critic_response_length'

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from configs import trainer as trainer_configs
-from jaxcorr.train import data, prompt_check, tasks
-from jaxcorr.train.tasks import Example
+from jaxcorr.data import prompt_check, tasks
+from jaxcorr.data import prompts as data
+from jaxcorr.data.tasks import Example
 
 # -- tokenizer ---------------------------------------------------------------
 

@@ -17,9 +17,9 @@ from flax import nnx
 
 from configs import arith_tiny
 from jaxcorr import export
+from jaxcorr import rewards as reward_fns
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.model import load_hf
-from jaxcorr.train import reward_fns
 from jaxcorr.train.loop import Trainer
 
 VOLATILE = ('time/', 'perf/')

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from jaxcorr.train import metrics, tensorboard
+from jaxcorr.train.tracker import metrics, tensorboard
 
 
 def _lines(path) -> list[str]:

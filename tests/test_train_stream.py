@@ -1,4 +1,4 @@
-"""Streaming async mode (`rollout.mode='stream'`, jaxcorr/train/stream_rollout.py)
+"""Streaming async mode (`rollout.mode='stream'`, jaxcorr/train/rollouts/stream.py)
 end to end on the tiny arithmetic task: in-flight weight swaps give rows of
 several versions, staleness stays within the bound, and both weight-sync
 choices train."""
@@ -12,7 +12,7 @@ import pytest
 from test_stream_resume import assert_bounded_and_mixed
 
 from configs import arith_tiny
-from jaxcorr.train import reward_fns
+from jaxcorr import rewards as reward_fns
 from jaxcorr.train.loop import Trainer
 
 LENGTH_REWARD = 'test_response_length'

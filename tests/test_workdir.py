@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from configs import arith_tiny
-from jaxcorr.train import workdir as workdir_lib
+from jaxcorr.train.checkpoints import workdir as workdir_lib
 from jaxcorr.train.loop import Trainer
 
 

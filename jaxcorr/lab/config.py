@@ -51,12 +51,12 @@ INFLIGHT_DECODE_CHUNK = 2
 
 def stale_overrides(k: int) -> dict[str, Any]:
   """`stale<k>`: the fixed-lag producer, batch s sampled whole by the
-  policy of step max(s - k, 0) (jaxcorr/train/async_rollout.py)."""
+  policy of step max(s - k, 0) (jaxcorr/train/rollouts/fixed_lag.py)."""
   return {'rollout.mode': 'async', 'rollout.max_staleness': k}
 
 
 def inflight_overrides(k: int) -> dict[str, Any]:
-  """`inflight<k>`: the streaming producer (jaxcorr/train/stream_rollout.py)
+  """`inflight<k>`: the streaming producer (jaxcorr/train/rollouts/stream.py)
   with weights swapped into the engine between decode chunks while rows are
   in flight, so one response can hold tokens of several versions; no token
   is older than k versions (`staleness_policy='wait'`).

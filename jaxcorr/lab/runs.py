@@ -94,7 +94,7 @@ def _finished(workdir: str, num_steps: int) -> bool:
   """`workdir` holds the metrics of a run that reached `num_steps`."""
   if not os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
     return False
-  from jaxcorr.train.metrics import read_metrics
+  from jaxcorr.train.tracker.metrics import read_metrics
 
   rows = read_metrics(workdir)
   return bool(rows) and rows[-1].get('step') == num_steps
@@ -125,7 +125,7 @@ def run_experiment(
     **overrides: further config values, `section__field=value` or, via
       `**{'section.field': value}`, dotted.
   """
-  from jaxcorr.train.metrics import read_metrics
+  from jaxcorr.train.tracker.metrics import read_metrics
 
   small = env_small() if small is None else small
   config = make_config(preset, mismatch, seed=seed, small=small, **overrides)

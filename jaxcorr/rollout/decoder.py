@@ -9,7 +9,7 @@
                        rows keep their slots and go on under version v
 
 `driver.generate` submits a fixed batch and advances until it is done; the
-streaming producer (jaxcorr/train/stream_rollout.py) keeps submitting and
+streaming producer (jaxcorr/train/rollouts/stream.py) keeps submitting and
 swaps weights while rows are in flight. Every token records the policy
 version whose weights sampled it and its log-probs under them: a chunk runs
 entirely under the weights of its dispatch, and weights change only in

@@ -6,7 +6,7 @@ devices. It
 * drops rows the contract says to drop (docs/math/rollout_contract.md §6): ABORT
   and ERROR rows become empty rows (every mask False), and so do rows staler
   than `rollout.max_staleness`, or with `rollout.staleness_policy='mask'` only
-  their stale tokens leave the mask (jaxcorr/train/staleness.py);
+  their stale tokens leave the mask (jaxcorr/train/rollouts/staleness.py);
 * picks μ by `rollout.logprob_mode` (`rollout_logp` or its truncated value;
   'replay' also carries the engine's kept sets, rollout/kept_set.py); a
   missing μ is an error, never zeros;
@@ -39,8 +39,8 @@ import numpy as np
 
 from jaxcorr import sharding
 from jaxcorr.rollout.types import FinishReason, RolloutBatch
-from jaxcorr.train import staleness as staleness_lib
-from jaxcorr.train.reduction import Metric, Metrics
+from jaxcorr.train.rollouts import staleness as staleness_lib
+from jaxcorr.train.tracker.reduction import Metric, Metrics
 
 Array = Any  # np.ndarray on the host, jax.Array on the devices
 
@@ -121,7 +121,7 @@ def keep_rows(
   """(kept [B] bool, stale_dropped [B] bool): rows that train, and the ones
   dropped only for staleness: with `policy` 'wait' or 'drop' a row with any
   token staler than `max_staleness`, with 'mask' a row whose every token is
-  (jaxcorr/train/staleness.py)."""
+  (jaxcorr/train/rollouts/staleness.py)."""
   staleness_lib.check_policy(policy)
   finish = np.asarray(batch.finish_reason)
   live = ~np.isin(

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxcorr.train import reduction
-from jaxcorr.train.rollout_stage import RolloutStage
-from jaxcorr.train.tasks import Example
+from jaxcorr.data.tasks import Example
+from jaxcorr.train.rollouts.stage import RolloutStage
+from jaxcorr.train.tracker import reduction
 
 # Evaluation's sampling seeds: far from any training step's.
 _SEED_OFFSET = 10**9

@@ -33,25 +33,20 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from jaxcorr.train import (
-  metrics,
-  preemption,
-  reduction,
-  reward_fns,
-  setup,
-  sft,
-  text,
-)
+from jaxcorr import rewards as reward_fns
+from jaxcorr.data import text
+from jaxcorr.rewards import RewardScorer, parse_spec
+from jaxcorr.train import preemption, setup, sft
 from jaxcorr.train import run_config as run_lib
-from jaxcorr.train import workdir as workdir_lib
+from jaxcorr.train.checkpoints import workdir as workdir_lib
+from jaxcorr.train.checkpoints.resume import Progress, RunCheckpoints
 from jaxcorr.train.critic import init_from_policy
 from jaxcorr.train.evaluation import Evaluator
-from jaxcorr.train.resume import Progress, RunCheckpoints
-from jaxcorr.train.reward_fns import RewardScorer, parse_spec
 from jaxcorr.train.rl_step import RLStep
-from jaxcorr.train.rollout_source import RolloutSource, make_rollouts
-from jaxcorr.train.rollout_stage import RolloutStage, Scored, make_engine
-from jaxcorr.train.weights import copy_tree, engine_params
+from jaxcorr.train.rollouts.source import RolloutSource, make_rollouts
+from jaxcorr.train.rollouts.stage import RolloutStage, Scored, make_engine
+from jaxcorr.train.rollouts.weights import copy_tree, engine_params
+from jaxcorr.train.tracker import metrics, reduction
 
 # Kept importable from here: bench/ and tests build models with it.
 model_config = setup.model_config
@@ -67,7 +62,7 @@ class Trainer:
     read_only: build and restore only: write no config, metrics or
       checkpoints.
     allow_config_change: resume a workdir whose saved config differs
-      (`jaxcorr.train.workdir`).
+      (`jaxcorr.train.checkpoints.workdir`).
   """
 
   def __init__(

@@ -25,8 +25,9 @@ import jax.numpy as jnp
 from jaxcorr.losses import advantages as adv_lib
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import masked, rewards
-from jaxcorr.train import scoring, staleness
+from jaxcorr.train import scoring
 from jaxcorr.train.batch import TrainBatch
+from jaxcorr.train.rollouts import staleness
 from jaxcorr.train.run_config import RunConfig
 
 

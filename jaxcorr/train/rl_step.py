@@ -23,12 +23,13 @@ from absl import logging
 
 from jaxcorr.rollout.validate import ValidationConfig, validate_rollout_batch
 from jaxcorr.train import batch as batch_lib
-from jaxcorr.train import metrics, reduction, staleness
-from jaxcorr.train.reduction import Metric, Metrics
-from jaxcorr.train.rollout_stage import Scored
+from jaxcorr.train.rollouts import staleness
+from jaxcorr.train.rollouts.stage import Scored
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.state import TrainState
 from jaxcorr.train.step import Steps
+from jaxcorr.train.tracker import metrics, reduction
+from jaxcorr.train.tracker.reduction import Metric, Metrics
 
 
 class RLStep:

@@ -31,7 +31,7 @@ from jaxcorr.losses import aggregate as agg_lib
 from jaxcorr.losses import kl as kl_lib
 from jaxcorr.losses.advantages import AdvantageConfig
 from jaxcorr.losses.rewards import KLControlConfig
-from jaxcorr.train.rollout_config import (
+from jaxcorr.train.rollouts.config import (
   DTYPES,
   RolloutConfig,
 )
@@ -155,7 +155,8 @@ class DataConfig:
     p = validate(self)
     if self.source != 'arithmetic' and not self.path:
       fail(f'{p}.path', self.path, f'a local {self.source} file')
-    from jaxcorr.train import data, tasks  # the template's own check
+    from jaxcorr.data import prompts as data
+    from jaxcorr.data import tasks
 
     data.format_prompt(self.prompt_template, tasks.Example('', ''))
     if not self.ops or set(self.ops) - set('+-*'):
@@ -164,7 +165,7 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
-  """Reward functions of `jaxcorr.train.reward_fns`, by name."""
+  """Reward functions of `jaxcorr.rewards`, by name."""
 
   functions: str = setting(
     'exact_match',
@@ -188,7 +189,7 @@ class RewardConfig:
 
   def __post_init__(self):
     validate(self)
-    from jaxcorr.train import reward_fns  # registry; imported lazily
+    from jaxcorr import rewards as reward_fns
 
     reward_fns.RewardScorer(reward_fns.parse_spec(self.functions), timeout_s=0)
 

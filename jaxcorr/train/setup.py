@@ -18,14 +18,15 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcorr import sharding
+from jaxcorr.data import prompt_check
+from jaxcorr.data import prompts as data
+from jaxcorr.data.tasks import Example
 from jaxcorr.losses import rewards
 from jaxcorr.model import Transformer, TransformerConfig, load_hf
-from jaxcorr.train import data, prompt_check
 from jaxcorr.train import run_config as run_lib
 from jaxcorr.train.critic import ValueModel
 from jaxcorr.train.state import TrainState, make_optimizer
 from jaxcorr.train.step import Steps
-from jaxcorr.train.tasks import Example
 
 
 def model_config(run: run_lib.RunConfig) -> TransformerConfig:

@@ -20,14 +20,14 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxcorr.data.prompts import PromptLoader
+from jaxcorr.data.tasks import Example
 from jaxcorr.model import token_logprobs
 from jaxcorr.train import batch as batch_lib
-from jaxcorr.train import metrics
-from jaxcorr.train.data import PromptLoader
+from jaxcorr.train.rollouts.weights import copy_tree
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.state import apply_updates, make_optimizer
-from jaxcorr.train.tasks import Example
-from jaxcorr.train.weights import copy_tree
+from jaxcorr.train.tracker import metrics
 
 # Steps between two SFT progress lines.
 _LOG_EVERY = 50

@@ -1,6 +1,6 @@
 """What the device side carries from step to step, and the optimizers.
 
-`TrainState` is the checkpointed pytree (jaxcorr/train/checkpoint.py);
+`TrainState` is the checkpointed pytree (jaxcorr/train/checkpoints/checkpointer.py);
 `make_optimizer` builds the RL, critic and SFT optimizers from
 `config.optim`; `apply_updates` is the one optimizer step all of them take.
 """

@@ -16,7 +16,7 @@ Per RL step the host calls two compiled functions:
         (docs/math/correction.md §2), with unit normalisers and one division by
         the summed corrected count at the end.
 
-Micro-batch metrics combine by their kind (jaxcorr/train/reduction.py);
+Micro-batch metrics combine by their kind (jaxcorr/train/tracker/reduction.py);
 metrics of the updates are averaged over the updates. Everything here is a
 pure function of arrays and the static `RunConfig`; shapes are checked at
 trace time by the losses.
@@ -33,11 +33,12 @@ import optax
 
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective, value
-from jaxcorr.train import reduction, scoring
+from jaxcorr.train import scoring
 from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.prepare import gap_arguments, prepare
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.state import TrainState, apply_updates
+from jaxcorr.train.tracker import reduction
 
 # Loss terms with global normalisers: the micro-batches' values add up.
 SUMMED = frozenset(

@@ -34,8 +34,8 @@ when forced, then Orbax deletes all but the newest `keep` steps. A step that
 exists already is never overwritten (`save` returns False).
 
 This module holds `Checkpointer` (queries, saving, closing);
-jaxcorr/train/checkpoint_tree.py the on-disk tree form and
-jaxcorr/train/checkpoint_restore.py the restore methods it mixes in.
+jaxcorr/train/checkpoints/tree.py the on-disk tree form and
+jaxcorr/train/checkpoints/restore.py the restore methods it mixes in.
 """
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
-from jaxcorr.train.checkpoint_restore import (  # noqa: F401 (re-exported)
+from jaxcorr.train.checkpoints.restore import (  # noqa: F401 (re-exported)
   CheckpointError,
   CheckpointRestore,
 )
-from jaxcorr.train.checkpoint_tree import (  # noqa: F401 (re-exported)
+from jaxcorr.train.checkpoints.tree import (  # noqa: F401 (re-exported)
   abstract_like,
   jsonable,
   to_pure,

@@ -20,7 +20,7 @@ from jaxcorr.config.fields import (
   setting,
   validate,
 )
-from jaxcorr.train import staleness
+from jaxcorr.train.rollouts import staleness
 
 DTYPES = ('float32', 'bfloat16', 'float16')
 """Parameter/compute dtypes of the policy and the engine."""

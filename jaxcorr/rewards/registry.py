@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Callable
 
-from jaxcorr.train.reward_fns.answers import (
+from jaxcorr.rewards.answers import (
   BOXED,
   FINAL_NUMBER,
   answers_match,

@@ -65,9 +65,9 @@ import jax
 from jaxcorr.rollout import driver
 from jaxcorr.rollout.decoder import Decoder, Request
 from jaxcorr.rollout.engine import SamplingParams
-from jaxcorr.train.reduction import Metric, Metrics
-from jaxcorr.train.rollout_stage import RolloutStage, Scored, step_seed
+from jaxcorr.train.rollouts.stage import RolloutStage, Scored, step_seed
 from jaxcorr.train.run_config import RunConfig
+from jaxcorr.train.tracker.reduction import Metric, Metrics
 
 _POLL_S = 0.05
 

@@ -8,9 +8,9 @@
     source.close()
 
 `SyncRollouts` samples each batch on the trainer's thread with the current
-weights (staleness 0). `AsyncRollouts` (jaxcorr/train/async_rollout.py)
+weights (staleness 0). `AsyncRollouts` (jaxcorr/train/rollouts/fixed_lag.py)
 samples ahead in a producer thread with a fixed lag; `StreamRollouts`
-(jaxcorr/train/stream_rollout.py) decodes continuously and takes new weights
+(jaxcorr/train/rollouts/stream.py) decodes continuously and takes new weights
 between decode chunks, while sequences are in flight. Either way the source
 owns the prompt loader from `start` on, and each `Scored` carries the
 loader's state after its draw: what a checkpoint taken after training on it
@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from jaxcorr.train.async_rollout import AsyncRollouts
-from jaxcorr.train.data import PromptLoader
-from jaxcorr.train.reduction import Metric, Metrics
-from jaxcorr.train.rollout_stage import RolloutStage, Scored
+from jaxcorr.data.prompts import PromptLoader
+from jaxcorr.train.rollouts.fixed_lag import AsyncRollouts
+from jaxcorr.train.rollouts.stage import RolloutStage, Scored
+from jaxcorr.train.rollouts.stream import StreamRollouts
 from jaxcorr.train.run_config import RunConfig
-from jaxcorr.train.stream_rollout import StreamRollouts
+from jaxcorr.train.tracker.reduction import Metric, Metrics
 
 
 class RolloutSource(Protocol):

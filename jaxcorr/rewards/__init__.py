@@ -13,13 +13,13 @@ the config file imports.
   failure metrics) and `check_rewards`.
 """
 
-from jaxcorr.train.reward_fns.answers import (
+from jaxcorr.rewards.answers import (
   answers_match,
   extract_answer,
   last_boxed,
   to_number,
 )
-from jaxcorr.train.reward_fns.registry import (
+from jaxcorr.rewards.registry import (
   REWARDS,
   RewardFn,
   exact_match,
@@ -28,7 +28,7 @@ from jaxcorr.train.reward_fns.registry import (
   parse_spec,
   register,
 )
-from jaxcorr.train.reward_fns.scorer import (
+from jaxcorr.rewards.scorer import (
   MAX_STUCK,
   RewardScorer,
   check_rewards,

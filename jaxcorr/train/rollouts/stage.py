@@ -29,14 +29,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcorr.data import prompts as data
+from jaxcorr.data import text
+from jaxcorr.data.tasks import Example
+from jaxcorr.rewards import RewardScorer
 from jaxcorr.rollout import driver
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.types import RolloutBatch
-from jaxcorr.train import data, text
-from jaxcorr.train.reduction import Metric, Metrics
-from jaxcorr.train.reward_fns import RewardScorer
 from jaxcorr.train.run_config import RunConfig
-from jaxcorr.train.tasks import Example
+from jaxcorr.train.tracker.reduction import Metric, Metrics
 
 
 @dataclasses.dataclass

@@ -70,7 +70,7 @@ class CharTokenizer:
 
   @property
   def stop_ids(self) -> tuple[int, ...]:
-    """Ids that end a response (`jaxcorr.train.text.stop_ids`)."""
+    """Ids that end a response (`jaxcorr.data.text.stop_ids`)."""
     return (self.eos_id,)
 
   @property

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from jaxcorr.train.data import format_prompt
-from jaxcorr.train.tasks import ArithmeticSource, Example
+from jaxcorr.data.prompts import format_prompt
+from jaxcorr.data.tasks import ArithmeticSource, Example
 
 
 def _where(source: Sequence[Example], i: int) -> str:

@@ -1,4 +1,4 @@
-"""The on-disk form of a checkpoint (jaxcorr/train/checkpoint.py): the
+"""The on-disk form of a checkpoint (jaxcorr/train/checkpoints/checkpointer.py): the
 state tree with its `nnx.Variable`s replaced by their values, restore
 targets (`abstract_like`) and the JSON form of `meta`.
 """

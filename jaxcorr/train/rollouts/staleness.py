@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxcorr.rollout.types import RolloutBatch
-from jaxcorr.train.reduction import Metric, Metrics
+from jaxcorr.train.tracker.reduction import Metric, Metrics
 
 POLICIES = ('wait', 'drop', 'mask')
 MAX_GAP_BUCKETS = 6

@@ -6,7 +6,7 @@ training batch; text is decoded only for the reward functions. Two tokenizers
 share one small interface (`encode(text, bos=...)`, `decode(ids)`, `vocab_size`,
 `eos_id`; `stop_ids(tokenizer)` adds the model's other stop tokens):
 
-* `jaxcorr.train.tasks.CharTokenizer` for the embedded arithmetic task;
+* `jaxcorr.data.tasks.CharTokenizer` for the embedded arithmetic task;
 * `HFTextTokenizer`, a `tokenizers.Tokenizer` from a local HF checkpoint
   (`tokenizer.json`), for real models.
 """
@@ -58,7 +58,7 @@ def make_tokenizer(hf_path: str, config: TransformerConfig) -> Any:
   """`HFTextTokenizer` of `hf_path`, or the arithmetic `CharTokenizer`."""
   if hf_path:
     return HFTextTokenizer(load_tokenizer(hf_path), config)
-  from jaxcorr.train.tasks import CharTokenizer
+  from jaxcorr.data.tasks import CharTokenizer
 
   return CharTokenizer()
 

@@ -19,7 +19,7 @@ from there, so every step appears once.
 
 TensorBoard files go to `<workdir>/tensorboard/`, one
 `events.out.tfevents.*` file per writer, one scalar summary per metric,
-written by `jaxcorr/train/tensorboard.py` (no TensorFlow). `truncate_after(step)`
+written by `jaxcorr/train/tracker/tensorboard.py` (no TensorFlow). `truncate_after(step)`
 also writes a `SessionLog.START` event at `step + 1`: TensorBoard's event
 accumulator reads it as a restart and discards the points of steps >=
 `step + 1` that the interrupted run had logged.
@@ -40,7 +40,7 @@ from typing import Any, TextIO
 import jax
 import numpy as np
 
-from jaxcorr.train.tensorboard import EventFile
+from jaxcorr.train.tracker.tensorboard import EventFile
 
 JSONL = 'metrics.jsonl'
 TENSORBOARD = 'tensorboard'

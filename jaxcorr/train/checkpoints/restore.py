@@ -1,5 +1,5 @@
 """Restoring checkpoints: the restore half of `Checkpointer`
-(jaxcorr/train/checkpoint.py), with the fallback to an older step when the
+(jaxcorr/train/checkpoints/checkpointer.py), with the fallback to an older step when the
 newest cannot be read, and partial restores (`restore_subtree`).
 """
 
@@ -13,8 +13,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from jaxcorr.train import failed_restore
-from jaxcorr.train.checkpoint_tree import check_target, from_pure, to_pure
+from jaxcorr.train.checkpoints import failed_restore
+from jaxcorr.train.checkpoints.tree import check_target, from_pure, to_pure
 
 
 class CheckpointError(ValueError):

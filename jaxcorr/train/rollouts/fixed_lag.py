@@ -16,7 +16,7 @@ The engine may run on its own sub-mesh (`rollout.rollout_devices`): the
 producer's `update_params` then copies the published weights across. A
 producer exception is re-raised in the trainer by `next`. The producer owns
 the prompt loader: the trainer reads each batch's loader state from the
-`Scored` it trains on (jaxcorr/train/rollout_source.py).
+`Scored` it trains on (jaxcorr/train/rollouts/source.py).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jaxcorr.train.reduction import Metric, Metrics
-from jaxcorr.train.rollout_stage import RolloutStage, Scored
+from jaxcorr.train.rollouts.stage import RolloutStage, Scored
+from jaxcorr.train.tracker.reduction import Metric, Metrics
 
 _POLL_S = 0.05
 

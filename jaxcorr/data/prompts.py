@@ -6,7 +6,7 @@ start-up (RL prompt sets are small: GSM8K's train split is 7,473 rows).
 Reading everything up front turns a malformed row 6,000 into a start-up
 error instead of a crash hours into a run; `check_prompts` does the same for
 prompts too long for `rollout.max_prompt_length` or that the tokenizer
-cannot encode (`jaxcorr.train.prompt_check`), naming the file and line
+cannot encode (`jaxcorr.data.prompt_check`), naming the file and line
 (bytes that are not UTF-8 too).
 
 `PromptLoader` walks a virtual infinite stream over the source: stream
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from jaxcorr.train.tasks import ArithmeticSource, Example
+from jaxcorr.data.tasks import ArithmeticSource, Example
 
 SOURCES = ('arithmetic', 'jsonl', 'parquet')
 ANSWER_FORMATS = ('gsm8k', 'raw')

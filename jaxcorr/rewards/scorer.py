@@ -48,8 +48,8 @@ from typing import Any
 import numpy as np
 
 from jaxcorr.config import fields
-from jaxcorr.train.reward_fns.registry import _SPEC, REWARDS
-from jaxcorr.train.reward_fns.workers import Task, WorkerPool
+from jaxcorr.rewards.registry import _SPEC, REWARDS
+from jaxcorr.rewards.workers import Task, WorkerPool
 
 # Abandoned calls of one function that may still be running before the
 # scorer stops giving it new ones (module doc).
@@ -138,7 +138,7 @@ class RewardScorer:
       if name not in REWARDS:
         raise ValueError(
           f'{_SPEC}: unknown reward {name!r}; registered: {self._known()} '
-          '(register more with jaxcorr.train.reward_fns.register)'
+          '(register more with jaxcorr.rewards.register)'
         )
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

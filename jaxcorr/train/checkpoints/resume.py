@@ -1,6 +1,6 @@
 """What a run's checkpoint holds, and resuming from it.
 
-A checkpoint of step s (jaxcorr/train/checkpoint.py does the storage) is
+A checkpoint of step s (jaxcorr/train/checkpoints/checkpointer.py does the storage) is
 
     tree  {'state': TrainState, 'ref': the frozen reference params or None}
     meta  {'step': s, 'sft_done', 'loader': the prompt loader's state after
@@ -17,7 +17,7 @@ import dataclasses
 import os
 from typing import Any
 
-from jaxcorr.train import checkpoint
+from jaxcorr.train.checkpoints import checkpointer as checkpoint
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.state import TrainState
 
