@@ -26,8 +26,9 @@ a few dozen steps, so a notebook finishes in a few minutes; its numbers show
 that everything runs, not what the full grid finds.
 
 Modules (everything public is re-exported here, `from jaxcorr import lab`):
-  config    mismatches, `make_config` (one experiment's config), SFT keys
-  runs      `run_experiment`, shared warm-ups, `Grid`, `default_plan`,
+  config    mismatches, `make_config` (one experiment's config), SFT keys,
+            `Grid` (which experiments a grid runs)
+  runs      `run_experiment`, shared warm-ups, `default_plan`,
             `run_grid`
   summary   `summarise` and `curves` of a run, `aggregate` over seeds
   results   the markdown tables, results.json / results.md on disk
@@ -43,6 +44,7 @@ from jaxcorr.lab.config import (
   OFF,
   SFT_FIELDS,
   SMALL,
+  Grid,
   env_small,
   inflight_overrides,
   make_config,
@@ -70,7 +72,6 @@ from jaxcorr.lab.runs import (
   SMALL_MISMATCHES,
   SMALL_PRESETS,
   WALL_FILE,
-  Grid,
   default_plan,
   enable_compile_cache,
   run_experiment,

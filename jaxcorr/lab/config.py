@@ -9,10 +9,11 @@ experiments can share.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_collections
@@ -237,3 +238,30 @@ def make_config(
 def sft_signature(config: ml_collections.ConfigDict) -> str:
   """A short hash of the fields the warm-up depends on (`SFT_FIELDS`)."""
   return digest({p: _get(config, p) for p in SFT_FIELDS}, 12)
+
+
+@dataclasses.dataclass
+class Grid:
+  """Which experiments `run_grid` runs: every preset x mismatch x seed."""
+
+  presets: Sequence[str]
+  mismatches: Sequence[str]
+  seeds: Sequence[int] = (0,)
+  small: bool = False
+  overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def tag(self) -> str:
+    """The run-directory prefix: size and a hash of the overrides, so runs
+    of other settings are never mistaken for finished runs of these."""
+    tag = 'small' if self.small else 'full'
+    if self.overrides:
+      tag += '_' + digest(dotted(self.overrides), 8)
+    return tag
+
+  def runs(self) -> list[tuple[str, str, int]]:
+    return [
+      (p, m, s)
+      for s in self.seeds
+      for m in self.mismatches
+      for p in self.presets
+    ]

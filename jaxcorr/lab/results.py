@@ -16,7 +16,7 @@ from jaxcorr.lab.plots import save_plots
 from jaxcorr.lab.summary import aggregate, baseline_accuracy
 
 if TYPE_CHECKING:  # runs.py imports this module
-  from jaxcorr.lab.runs import Grid
+  from jaxcorr.lab.config import Grid
 
 
 def fmt(x: float | None, sig: int = 3) -> str:

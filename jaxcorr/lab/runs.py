@@ -9,18 +9,16 @@ from it, so a grid run equals a run from scratch.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ml_collections
 
 from jaxcorr.lab.config import (
-  digest,
-  dotted,
+  Grid,
   env_small,
   make_config,
   sft_signature,
@@ -142,33 +140,6 @@ def run_experiment(
 
 
 # ------------------------------------------------------------------ grid
-
-
-@dataclasses.dataclass
-class Grid:
-  """Which experiments `run_grid` runs: every preset x mismatch x seed."""
-
-  presets: Sequence[str]
-  mismatches: Sequence[str]
-  seeds: Sequence[int] = (0,)
-  small: bool = False
-  overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-  def tag(self) -> str:
-    """The run-directory prefix: size and a hash of the overrides, so runs
-    of other settings are never mistaken for finished runs of these."""
-    tag = 'small' if self.small else 'full'
-    if self.overrides:
-      tag += '_' + digest(dotted(self.overrides), 8)
-    return tag
-
-  def runs(self) -> list[tuple[str, str, int]]:
-    return [
-      (p, m, s)
-      for s in self.seeds
-      for m in self.mismatches
-      for p in self.presets
-    ]
 
 
 def default_plan(small: bool | None = None) -> list[Grid]:
