@@ -44,9 +44,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxcorr import console
-from jaxcorr.lab.config import env_small
+from jaxcorr.lab.config import Grid, env_small
 from jaxcorr.lab.results import markdown_table, write_results
-from jaxcorr.lab.runs import PRESETS, Grid, default_plan, run_grid
+from jaxcorr.lab.runs import PRESETS, default_plan, run_grid
 
 
 def _parse_value(s: str) -> Any:
