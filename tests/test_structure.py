@@ -1,8 +1,14 @@
-"""The house-style size limits: no file over 500 lines, no class over 250,
-no function over 80, in the library (`jaxcorr/`) and the configs
+"""The house-style size limits: a file of about 500 lines, a class of 250,
+a function of 80, in the library (`jaxcorr/`) and the configs
 (`configs/`), so that a unit does one thing and reads in one sitting.
 Benchmarks and tests are exempt. A unit spans its decorators, docstring and
 body; nested functions and methods count on their own too.
+
+The limits are soft: code is split by concept, never by count. A cohesive
+unit that needs more passes through an entry of `ALLOWED` that says why
+(and how large it may grow); splitting a concept in two to pass a count, or
+joining halves with a mixin, is the defect to avoid. An entry that no unit
+needs any more fails the test, so the list stays true.
 """
 
 from __future__ import annotations
@@ -16,6 +22,10 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = ('jaxcorr', 'configs')
 LIMITS = {'file': 500, 'class': 250, 'function': 80}
+
+ALLOWED: dict[str, tuple[int, str]] = {}
+"""`'path'` (a file) or `'path::name'` (a class or function) -> (the most
+lines it may have, why it stays whole)."""
 
 
 def _sources() -> list[str]:
@@ -39,12 +49,23 @@ def _sources() -> list[str]:
   return sorted(p for p in out if p.endswith('.py'))
 
 
-def oversized(source: str, path: str) -> list[str]:
-  """`path:line kind name: N lines > limit` for every unit over its limit."""
+def _limit(kind: str, key: str, allowed: dict) -> int:
+  return allowed[key][0] if key in allowed else LIMITS[kind]
+
+
+def oversized(
+  source: str, path: str, allowed: dict | None = None, used: set | None = None
+) -> list[str]:
+  """`path:line kind name: N lines > limit` for every unit over its limit
+  (its `ALLOWED` entry's, if it has one; the keys met go into `used`)."""
+  allowed = ALLOWED if allowed is None else allowed
+  used = set() if used is None else used
   lines = len(source.splitlines())
   found = []
-  if lines > LIMITS['file']:
-    found.append(f'{path}: file {lines} lines > {LIMITS["file"]}')
+  if path in allowed:
+    used.add(path)
+  if lines > (limit := _limit('file', path, allowed)):
+    found.append(f'{path}: file {lines} lines > {limit}')
   for node in ast.walk(ast.parse(source, path)):
     if isinstance(node, ast.ClassDef):
       kind = 'class'
@@ -54,9 +75,12 @@ def oversized(source: str, path: str) -> list[str]:
       continue
     start = min([node.lineno] + [d.lineno for d in node.decorator_list])
     n = node.end_lineno - start + 1
-    if n > LIMITS[kind]:
+    key = f'{path}::{node.name}'
+    if key in allowed:
+      used.add(key)
+    if n > (limit := _limit(kind, key, allowed)):
       found.append(
-        f'{path}:{node.lineno}: {kind} {node.name} {n} lines > {LIMITS[kind]}'
+        f'{path}:{node.lineno}: {kind} {node.name} {n} lines > {limit}'
       )
   return found
 
@@ -68,10 +92,26 @@ def test_sources_are_found():
 
 
 def test_no_file_class_or_function_over_the_limits():
-  found = []
+  found, used = [], set()
   for path in _sources():
-    found += oversized((ROOT / path).read_text(encoding='utf-8'), path)
+    text = (ROOT / path).read_text(encoding='utf-8')
+    found += oversized(text, path, used=used)
   assert not found, 'over the house-style size limits:\n' + '\n'.join(found)
+  stale = sorted(set(ALLOWED) - used)
+  assert not stale, f'ALLOWED entries that match no unit: {stale}'
+
+
+def test_every_allowance_says_why():
+  for key, (most, why) in ALLOWED.items():
+    kind = 'function' if '::' in key else 'file'
+    assert most > LIMITS[kind] // 2 and len(why.split()) >= 5, key
+
+
+def test_an_allowance_raises_the_limit_of_its_unit_only():
+  source = 'def f():\n' + '  x = 1\n' * 90 + 'def g():\n' + '  x = 1\n' * 90
+  allowed = {'m.py::f': (100, 'one recursion that reads as a whole')}
+  found = oversized(source, 'm.py', allowed)
+  assert len(found) == 1 and 'function g' in found[0], found
 
 
 @pytest.mark.parametrize(
