@@ -136,6 +136,44 @@ def _positive_or_none(path: str, value: Any) -> float | None:
   return float(value) or None
 
 
+class FailureWatch:
+  """Stops a run whose reward function fails on (nearly) every row: more
+  than `max_fraction` of its rows in `FAILING_SCORES` consecutive batches
+  (module doc). Keeps each function's first failure for the message."""
+
+  def __init__(self, names: Sequence[str], max_fraction: float):
+    self.names = tuple(names)
+    self.max_fraction = fields.check(
+      fields.number(0, 1), max_fraction, 'config.reward.max_failure_fraction'
+    )
+    self.first: dict[str, str] = {}
+    self._runs = [0] * len(self.names)
+
+  def note(self, name: str, what: str) -> None:
+    """Records a failure ('raised ...', 'returned ...') of `name`."""
+    self.first.setdefault(name, what)
+
+  def check(self, failed: np.ndarray, n: int) -> None:
+    """After a batch of `n` rows with `failed[j]` failures of function j:
+    raises `RewardFunctionFailing` on the `FAILING_SCORES`-th such batch in
+    a row."""
+    if not n:
+      return
+    for j, name in enumerate(self.names):
+      over = failed[j] / n > self.max_fraction
+      self._runs[j] = self._runs[j] + 1 if over else 0
+      if self._runs[j] >= FAILING_SCORES:
+        raise RewardFunctionFailing(
+          f'reward {name!r} failed on more than '
+          f'config.reward.max_failure_fraction={self.max_fraction:g} of its '
+          f'rows in {FAILING_SCORES} batches in a row ({failed[j]} of {n} in '
+          f'the last); its first failure: {self.first.get(name, "?")}. Fix '
+          'the function (it must return a number), or set '
+          'config.reward.max_failure_fraction=1 to score its failures 0 and '
+          'go on'
+        )
+
+
 class RewardScorer:
   """The weighted sum of named rewards, one float32 per row (module doc).
 
@@ -199,11 +237,6 @@ class RewardScorer:
     self.isolation = fields.check(
       fields.one_of(*ISOLATIONS), isolation, 'config.reward.isolation'
     )
-    self.max_failure_fraction = fields.check(
-      fields.number(0, 1),
-      max_failure_fraction,
-      'config.reward.max_failure_fraction',
-    )
     self.names = tuple(names)
     self.weights = np.asarray(weights, np.float64)
     self._fns = tuple(REWARDS[n] for n in names)
@@ -211,10 +244,7 @@ class RewardScorer:
     self._pool: WorkerPool | ProcessPool | None = None
     self._pool_lock = threading.Lock()
     self._warned: set[str] = set()
-    # Per function: its first failure, and the consecutive `score` calls in
-    # which it failed on more than max_failure_fraction of its rows.
-    self._first_failure: dict[str, str] = {}
-    self._failing = [0] * len(names)
+    self._watch = FailureWatch(self.names, max_failure_fraction)
     # Set by the trainer while it runs (module doc): a stop cuts the wait.
     self.stop_requested: Callable[[], bool] | None = None
 
@@ -232,7 +262,7 @@ class RewardScorer:
   def _report(self, name: str, what: str, exc: BaseException | None) -> None:
     """Logs the first failure of each function (later ones only count)."""
     if not what.startswith('timed out'):
-      self._first_failure.setdefault(name, what)
+      self._watch.note(name, what)
     level = logging.DEBUG if name in self._warned else logging.WARNING
     self._warned.add(name)
     _log.log(
@@ -329,29 +359,10 @@ class RewardScorer:
           timeout=wait,
           return_when=concurrent.futures.FIRST_COMPLETED,
         )
-    self._check_failing(failed, n)
+    self._watch.check(failed, n)
     return self._combine(
       values, int(failed.sum()), timeouts, budget_exceeded, pool.stuck()
     )
-
-  def _check_failing(self, failed: np.ndarray, n: int) -> None:
-    """Raises `RewardFunctionFailing` for a function failing on nearly
-    every row of `FAILING_SCORES` consecutive calls (class doc)."""
-    if not n:
-      return
-    for j, name in enumerate(self.names):
-      over = failed[j] / n > self.max_failure_fraction
-      self._failing[j] = self._failing[j] + 1 if over else 0
-      if self._failing[j] >= FAILING_SCORES:
-        raise RewardFunctionFailing(
-          f'reward {name!r} failed on more than '
-          f'config.reward.max_failure_fraction={self.max_failure_fraction:g} '
-          f'of its rows in {FAILING_SCORES} batches in a row ({failed[j]} of '
-          f'{n} in the last); its first failure: '
-          f'{self._first_failure.get(name, "?")}. Fix the function (it must '
-          'return a number), or set config.reward.max_failure_fraction=1 to '
-          'score its failures 0 and go on'
-        )
 
   def _combine(
     self,
