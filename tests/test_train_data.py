@@ -406,3 +406,41 @@ def test_arithmetic_prompts_are_bounded_by_the_longest():
     )
   longest = max(len(tok.encode(src[i].prompt)) for i in range(0, 100_000, 997))
   assert longest <= 9
+
+
+def test_empty_prompts_are_refused_and_empty_answers_warned(tmp_path, caplog):
+  """An empty prompt or answer used to be accepted silently: the prompt is
+  now a start-up error naming file and line, the answer a warning naming
+  the lines (a reward may not need it)."""
+  rows = [
+    {'question': 'q1', 'answer': '1'},
+    {'question': ' \n', 'answer': '2'},
+  ]
+  path = _write_jsonl(tmp_path / 'p.jsonl', rows)
+  with pytest.raises(
+    ValueError, match=r"p\.jsonl' line 2: prompt field 'question' is empty"
+  ):
+    data.JsonlSource(path, answer_format='raw')
+  columns = {'question': ['q1', ''], 'answer': ['1', '2']}
+  path = _write_parquet(tmp_path / 'p.parquet', columns)
+  with pytest.raises(ValueError, match=r'row 1: prompt field .* is empty'):
+    data.ParquetSource(path, answer_format='raw')
+
+  rows = [{'question': f'q{i}', 'answer': a} for i, a in enumerate('1 ' + '3')]
+  path = _write_jsonl(tmp_path / 'a.jsonl', rows)
+  with caplog.at_level('WARNING'):
+    src = data.JsonlSource(path, answer_format='raw')
+  assert len(src) == 3
+  assert "a.jsonl': 1 of 3 examples have an empty answer" in caplog.text
+  assert "(field 'answer'): line 2." in caplog.text
+  caplog.clear()
+  columns = {'question': ['q1', 'q2'], 'answer': ['', '']}
+  path = _write_parquet(tmp_path / 'a.parquet', columns)
+  with caplog.at_level('WARNING'):
+    data.ParquetSource(path, answer_format='raw')
+  assert '2 of 2 examples have an empty answer' in caplog.text
+  assert 'row 0, row 1' in caplog.text
+  caplog.clear()
+  with caplog.at_level('WARNING'):
+    data.JsonlSource(_write_jsonl(tmp_path / 'ok.jsonl', GSM8K_ROWS))
+  assert 'empty answer' not in caplog.text
