@@ -426,21 +426,32 @@ def test_empty_prompts_are_refused_and_empty_answers_warned(tmp_path, caplog):
   with pytest.raises(ValueError, match=r'row 1: prompt field .* is empty'):
     data.ParquetSource(path, answer_format='raw')
 
-  rows = [{'question': f'q{i}', 'answer': a} for i, a in enumerate('1 ' + '3')]
+  kw = dict(template='{prompt}', max_prompt_length=64)
+  encode = tasks.CharTokenizer().encode
+  rows = [{'question': f'{i}', 'answer': a} for i, a in enumerate('1 ' + '3')]
   path = _write_jsonl(tmp_path / 'a.jsonl', rows)
-  with caplog.at_level('WARNING'):
-    src = data.JsonlSource(path, answer_format='raw')
+  src = data.JsonlSource(path, answer_format='raw')
   assert len(src) == 3
-  assert "a.jsonl': 1 of 3 examples have an empty answer" in caplog.text
-  assert "(field 'answer'): line 2." in caplog.text
-  caplog.clear()
-  columns = {'question': ['q1', 'q2'], 'answer': ['', '']}
-  path = _write_parquet(tmp_path / 'a.parquet', columns)
   with caplog.at_level('WARNING'):
-    data.ParquetSource(path, answer_format='raw')
-  assert '2 of 2 examples have an empty answer' in caplog.text
-  assert 'row 0, row 1' in caplog.text
+    prompt_check.check_prompts(src, encode, **kw)
+  assert '1 of 3 examples have an empty answer: JSONL file' in caplog.text
+  assert "a.jsonl' line 2. exact_match" in caplog.text
   caplog.clear()
+  columns = {'question': ['1', '2'], 'answer': ['', '']}
+  src = data.ParquetSource(
+    _write_parquet(tmp_path / 'a.parquet', columns), answer_format='raw'
+  )
   with caplog.at_level('WARNING'):
-    data.JsonlSource(_write_jsonl(tmp_path / 'ok.jsonl', GSM8K_ROWS))
+    prompt_check.check_prompts(src, encode, **kw)
+  assert '2 of 2 examples have an empty answer: Parquet file' in caplog.text
+  assert "a.parquet' row 0; Parquet file" in caplog.text
+  caplog.clear()
+  src = data.JsonlSource(
+    _write_jsonl(tmp_path / 'ok.jsonl', [{'question': '1', 'answer': '#### 2'}])
+  )
+  with caplog.at_level('WARNING'):
+    prompt_check.check_prompts(src, encode, **kw)
+    prompt_check.check_prompts(
+      tasks.ArithmeticSource(10, 0, max_operand=9, ops='+'), encode, **kw
+    )
   assert 'empty answer' not in caplog.text

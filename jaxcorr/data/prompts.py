@@ -9,14 +9,8 @@ prompts too long for `rollout.max_prompt_length` or that the tokenizer
 cannot encode (`jaxcorr.data.prompt_check`), naming the file and line
 (bytes that are not UTF-8 too).
 
-Empty fields: a prompt that is empty or only whitespace is a start-up error
-naming the file and line (the model would be trained on the template
-alone, or on nothing). An empty answer is allowed, since a reward may not
-use the answer (`format`, a length penalty), but warned about once at
-start-up with the count and the first lines: `exact_match` and
-`math_answer` score such rows 0 whatever the response. (Whitespace only
-counts as empty; with `answer_format='gsm8k'` an empty final answer is an
-error already.)
+An empty (whitespace-only) prompt is a row error too (the model would see
+the template alone); empty answers are warned about by `check_prompts`.
 
 `PromptLoader` walks a virtual infinite stream over the source: stream
 position p is example `perm_e[p % n]` of epoch `e = p // n`, where `perm_e`
@@ -118,22 +112,6 @@ class _FileSource(Sequence):
     if not self._examples:
       raise ValueError(
         f'config.data.path: {self.kind} file {self.path!r} holds no examples'
-      )
-    empty = [
-      w for w, ex in zip(self._where, self._examples) if not ex.answer.strip()
-    ]
-    if empty:
-      logging.warning(
-        '%s file %r: %d of %d examples have an empty answer (field %r): %s%s. '
-        'exact_match and math_answer score those rows 0 whatever the '
-        'response; fine only for rewards that ignore the answer.',
-        self.kind,
-        self.path,
-        len(empty),
-        len(self._examples),
-        self.answer_field,
-        ', '.join(empty[:5]),
-        ' ...' if len(empty) > 5 else '',
       )
 
   def _load(self) -> list[Example]:
