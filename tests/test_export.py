@@ -5,6 +5,9 @@ token in the exported config.json."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -73,3 +76,51 @@ def test_workdir_without_checkpoints_is_a_clear_error(tmp_path):
   assert not (tmp_path / 'hf').exists()
   with pytest.raises(FileNotFoundError, match=r'config\.json not found'):
     export.export(str(tmp_path), str(tmp_path / 'hf'))
+
+
+def test_out_in_a_run_or_non_empty_is_refused(tmp_path):
+  """`--out` equal to the workdir used to replace the run's config.json by
+  the HF one (exit 0, the run lost); now that, a directory inside it or
+  inside another run, is refused before anything is written, and a
+  non-empty directory needs `force`."""
+  workdir, _ = _run_dir(tmp_path)
+  saved = (workdir / 'config.json').read_bytes()
+  for out in (workdir, workdir / 'hf', workdir / '.' / 'hf' / 'deeper'):
+    with pytest.raises(ValueError, match='the run directory'):
+      export.export(str(workdir), str(out))
+  other = tmp_path / 'other_run'
+  (other / 'checkpoints').mkdir(parents=True)
+  (other / 'config.json').write_text('{}')
+  with pytest.raises(
+    ValueError, match=r'is inside a run directory .*other_run'
+  ):
+    export.export(str(workdir), str(other / 'hf'), force=True)
+  busy = tmp_path / 'models'
+  busy.mkdir()
+  (busy / 'notes.txt').write_text('mine')
+  with pytest.raises(ValueError, match=r'non-empty directory.*--force'):
+    export.export(str(workdir), str(busy))
+  export.check_out(str(workdir), str(busy), force=True)
+  export.check_out(str(workdir), str(tmp_path / 'new'))
+  # A directory merely named like a run's parts is no run.
+  (tmp_path / 'checkpoints').mkdir()
+  export.check_out(str(workdir), str(tmp_path / 'checkpoints' / 'hf'))
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'jaxcorr.export',
+      f'--workdir={workdir}',
+      f'--out={workdir}',
+    ],
+    cwd=root,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode != 0, proc.stdout
+  assert 'is the run directory' in proc.stderr, proc.stderr
+  assert (workdir / 'config.json').read_bytes() == saved
+  assert sorted(p.name for p in workdir.iterdir()) == ['config.json']

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -9,6 +16,20 @@ import numpy as np
 import pytest
 
 from jaxcorr import rewards as R
+from jaxcorr.train import preemption
+
+# A catastrophic backtrack: `re` holds the GIL for the whole (astronomic)
+# match, so no other thread of its process runs, signal handlers included.
+_BACKTRACK = re.compile(r'(a+)+$')
+
+
+@R.register('test_holds_gil')
+def _holds_gil(response: str, answer: str) -> bool:
+  """Registered at import, so a worker process finds it too."""
+  if response == 'evil':
+    _BACKTRACK.match('a' * 64 + 'b')
+  return response == answer
+
 
 # -- built-in rewards --------------------------------------------------------
 
@@ -338,3 +359,217 @@ def test_check_rewards_blames_the_rewards():
     R.check_rewards([np.nan], np.float32)
   with pytest.raises(ValueError, match=r'config\.reward\.step_budget_s'):
     R.RewardScorer([('format', 1.0)], step_budget_s=-1)
+
+
+@pytest.mark.parametrize('isolation', ['thread', 'process'])
+def test_bools_score_0_or_1(registry, isolation):
+  """`return pred == gold` (a bool, or numpy's) used to fail on every call
+  and train on zeros."""
+  registry('np_bool', lambda r, a: np.str_(r) == np.str_(a))
+  registry('array_bool', lambda r, a: np.asarray(r == a))
+  names = ['np_bool', 'array_bool']
+  if isolation == 'process':
+    names = ['test_holds_gil']  # a worker finds only registered-at-import
+  scorer = R.RewardScorer([(n, 1.0) for n in names], isolation=isolation)
+  try:
+    rewards, metrics = scorer.score(['7', '8'], ['7', '9'])
+  finally:
+    scorer.close()
+  np.testing.assert_array_equal(rewards, [len(names), 0.0])
+  assert metrics['reward/failures'] == 0.0
+  # A weight is a number, not a bool.
+  with pytest.raises(ValueError, match='invalid weight True'):
+    R.RewardScorer([('exact_match', True)])
+
+
+def test_a_function_failing_on_every_row_stops_the_run(registry):
+  """A reward failing on (nearly) every row of FAILING_SCORES batches in a
+  row raises, naming the function and its first failure; one that fails on
+  some rows, or with max_failure_fraction=1, scores them 0 and goes on."""
+  registry('broken', lambda r, a: {'score': 1})
+  registry('half', lambda r, a: 1.0 if r == 'a' else None)
+  scorer = R.RewardScorer([('broken', 1.0), ('half', 1.0)], timeout_s=0)
+  for _ in range(R.scorer.FAILING_SCORES - 1):
+    rewards, metrics = scorer.score(['a', 'b'], ['a', 'b'])
+    np.testing.assert_array_equal(rewards, [1.0, 0.0])
+    assert metrics['reward/failures'] == 3.0
+  with pytest.raises(R.RewardFunctionFailing) as err:
+    scorer.score(['a', 'b'], ['a', 'b'])
+  msg = str(err.value)
+  assert "reward 'broken' failed" in msg and "'half'" not in msg, msg
+  assert "first failure: returned {'score': 1}, not a finite float32" in msg
+  assert 'config.reward.max_failure_fraction=0.9' in msg
+  scorer.close()
+  # A batch in which it works resets the count.
+  registry('flaky', lambda r, a: 1.0 if r == 'ok' else None)
+  scorer = R.RewardScorer([('flaky', 1.0)], timeout_s=0)
+  for responses in (['x'], ['x'], ['ok'], ['x'], ['x']):
+    scorer.score(responses, [''])
+  scorer = R.RewardScorer([('broken', 1.0)], max_failure_fraction=1)
+  for _ in range(R.scorer.FAILING_SCORES + 1):
+    scorer.score(['a'], ['a'])
+  scorer.close()
+  with pytest.raises(ValueError, match=r'config\.reward\.max_failure_frac'):
+    R.RewardScorer([('format', 1.0)], max_failure_fraction=1.5)
+  with pytest.raises(ValueError, match=r'config\.reward\.isolation'):
+    R.RewardScorer([('format', 1.0)], isolation='fork')
+
+
+@pytest.mark.parametrize(
+  'timeout_s, step_budget_s', [(0, 0), (0, 300), (None, None)]
+)
+def test_a_stop_without_limits_names_the_stop(
+  registry, caplog, timeout_s, step_budget_s
+):
+  """timeout_s=0 and step_budget_s=0 (no limits), then a stop: the log line
+  of the call cut short used to format None (TypeError, no checkpoint);
+  with a budget it blamed the budget, not the stop."""
+  release, stop = threading.Event(), threading.Event()
+  registry('hangs', lambda r, a: release.wait(60.0) and 1.0)
+  scorer = R.RewardScorer(
+    [('hangs', 1.0)], timeout_s=timeout_s, step_budget_s=step_budget_s
+  )
+  scorer.stop_requested = stop.is_set
+  threading.Timer(0.2, stop.set).start()
+  try:
+    with caplog.at_level(logging.WARNING, logger='jaxcorr.rewards.scorer'):
+      _, metrics = scorer.score(['a'], ['a'])
+  finally:
+    release.set()
+    scorer.close()
+  assert metrics['reward/timeouts'] == 1.0
+  assert "reward 'hangs' timed out: the run is stopping" in caplog.text
+  assert 'step budget' not in caplog.text
+
+
+def test_process_isolation_kills_a_gil_holding_call_and_goes_on():
+  """`isolation='process'`: a call holding the GIL is killed at its
+  timeout; its row scores 0, the other rows keep their values, and the
+  next batch is scored by a fresh worker. (Under 'thread' the same call
+  stalls the whole process.)"""
+  scorer = R.RewardScorer(
+    [('test_holds_gil', 1.0), ('exact_match', 2.0)],
+    timeout_s=1.0,
+    isolation='process',
+    max_workers=2,
+  )
+  try:
+    scorer.start()
+    start = time.monotonic()
+    rewards, metrics = scorer.score(['evil', '7', '8'], ['x', '7', '9'])
+    assert time.monotonic() - start < 10
+    np.testing.assert_array_equal(rewards, [0.0, 3.0, 0.0])
+    assert metrics['reward/timeouts'] == 1.0
+    assert metrics['reward/stuck_calls'] == 0.0
+    for _ in range(3):  # every slot gets a call: the killed one restarts
+      rewards, _ = scorer.score(['1', '2'], ['1', '2'])
+      np.testing.assert_array_equal(rewards, [3.0, 3.0])
+  finally:
+    scorer.close()
+
+
+def test_process_isolation_honours_sigterm_while_a_call_holds_the_gil():
+  """SIGTERM while a reward holds the GIL, with no limits: the trainer's
+  handler runs (its process is free), the stop cuts the call after the
+  grace, and the worker is killed."""
+  scorer = R.RewardScorer(
+    [('test_holds_gil', 1.0)],
+    timeout_s=0,
+    step_budget_s=0,
+    isolation='process',
+    max_workers=1,
+  )
+  scorer.start()
+  timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+  try:
+    with preemption.PreemptionGuard() as guard:
+      scorer.stop_requested = lambda: guard.requested
+      timer.start()
+      start = time.monotonic()
+      rewards, metrics = scorer.score(['evil'], ['x'])
+      elapsed = time.monotonic() - start
+      assert guard.requested
+  finally:
+    timer.cancel()
+    scorer.close()
+  assert elapsed < R.scorer.STOP_GRACE_S + 5
+  np.testing.assert_array_equal(rewards, [0.0])
+  assert metrics['reward/timeouts'] == 1.0
+
+
+def test_process_isolation_refuses_a_reward_a_fresh_process_lacks(registry):
+  registry('local_only', lambda r, a: 1.0)
+  with pytest.raises(ValueError, match="'local_only' are not registered"):
+    R.RewardScorer([('local_only', 1.0)], isolation='process').start()
+
+
+_PROBE_CONFIG = """
+import re
+
+from configs import arith_tiny
+from jaxcorr import rewards
+
+_BACKTRACK = re.compile(r'(a+)+$')
+
+
+@rewards.register('probe_holds_gil')
+def holds_gil(response, answer):
+  if len(response) % 2:  # about half the rows hold the GIL for ever
+    _BACKTRACK.match('a' * 64 + 'b')
+  return 0.0
+
+
+def get_config(config_string=None):
+  return arith_tiny.get_config(config_string)
+"""
+
+
+@pytest.mark.slow
+def test_trainer_with_process_isolation_survives_a_gil_holding_reward(
+  tmp_path,
+):
+  """`python -m jaxcorr.main` with a reward registered in its config file
+  that holds the GIL on half the rows: under reward.isolation='process' the
+  steps go on (those calls time out) and SIGTERM checkpoints and exits 75."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  config = tmp_path / 'probe_cfg.py'
+  config.write_text(_PROBE_CONFIG)
+  workdir = tmp_path / 'run'
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      '-m',
+      'jaxcorr.main',
+      f'--config={config}:pulse',
+      '--config.reward.functions=exact_match,probe_holds_gil',
+      '--config.reward.isolation=process',
+      '--config.reward.timeout_s=1',
+      '--config.reward.step_budget_s=0',
+      '--config.train.num_steps=1000',
+      '--config.train.eval_every=0',
+      '--config.train.checkpoint_every=0',
+      f'--workdir={workdir}',
+    ],
+    cwd=root,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+  try:
+    deadline = time.monotonic() + 600
+    steps = []
+    while len(steps) < 2 and time.monotonic() < deadline:
+      assert proc.poll() is None, proc.communicate()[0][-3000:]
+      time.sleep(0.5)
+      if (workdir / 'metrics.jsonl').exists():
+        lines = (workdir / 'metrics.jsonl').read_text().splitlines()
+        steps = [json.loads(x) for x in lines if x.strip()]
+    assert len(steps) >= 2, 'no RL steps logged'
+    assert all(r['reward/timeouts'] > 0 for r in steps if r['step'] > 0)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == preemption.EXIT_PREEMPTED, out[-3000:]
+  assert 'preempted: checkpoint at step' in out

@@ -53,7 +53,7 @@ def test_is_a_complete_jetstream_engine(engine):
   assert engine.colocated_cpus is None
   tok = engine.build_tokenizer(engine.get_tokenizer())
   ids, n = tok.encode('5 6 7')
-  assert n == 3 and tok.decode(ids.tolist()) == '5 6 7'
+  assert n == 3 and tok.decode(ids.tolist()) == ' 5 6 7'  # ' <id>' per id
 
 
 def test_greedy_equals_stepwise_argmax_of_the_full_forward(engine, model):

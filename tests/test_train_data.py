@@ -406,3 +406,52 @@ def test_arithmetic_prompts_are_bounded_by_the_longest():
     )
   longest = max(len(tok.encode(src[i].prompt)) for i in range(0, 100_000, 997))
   assert longest <= 9
+
+
+def test_empty_prompts_are_refused_and_empty_answers_warned(tmp_path, caplog):
+  """An empty prompt or answer used to be accepted silently: the prompt is
+  now a start-up error naming file and line, the answer a warning naming
+  the lines (a reward may not need it)."""
+  rows = [
+    {'question': 'q1', 'answer': '1'},
+    {'question': ' \n', 'answer': '2'},
+  ]
+  path = _write_jsonl(tmp_path / 'p.jsonl', rows)
+  with pytest.raises(
+    ValueError, match=r"p\.jsonl' line 2: prompt field 'question' is empty"
+  ):
+    data.JsonlSource(path, answer_format='raw')
+  columns = {'question': ['q1', ''], 'answer': ['1', '2']}
+  path = _write_parquet(tmp_path / 'p.parquet', columns)
+  with pytest.raises(ValueError, match=r'row 1: prompt field .* is empty'):
+    data.ParquetSource(path, answer_format='raw')
+
+  kw = dict(template='{prompt}', max_prompt_length=64)
+  encode = tasks.CharTokenizer().encode
+  rows = [{'question': f'{i}', 'answer': a} for i, a in enumerate('1 ' + '3')]
+  path = _write_jsonl(tmp_path / 'a.jsonl', rows)
+  src = data.JsonlSource(path, answer_format='raw')
+  assert len(src) == 3
+  with caplog.at_level('WARNING'):
+    prompt_check.check_prompts(src, encode, **kw)
+  assert '1 of 3 examples have an empty answer: JSONL file' in caplog.text
+  assert "a.jsonl' line 2. exact_match" in caplog.text
+  caplog.clear()
+  columns = {'question': ['1', '2'], 'answer': ['', '']}
+  src = data.ParquetSource(
+    _write_parquet(tmp_path / 'a.parquet', columns), answer_format='raw'
+  )
+  with caplog.at_level('WARNING'):
+    prompt_check.check_prompts(src, encode, **kw)
+  assert '2 of 2 examples have an empty answer: Parquet file' in caplog.text
+  assert "a.parquet' row 0; Parquet file" in caplog.text
+  caplog.clear()
+  src = data.JsonlSource(
+    _write_jsonl(tmp_path / 'ok.jsonl', [{'question': '1', 'answer': '#### 2'}])
+  )
+  with caplog.at_level('WARNING'):
+    prompt_check.check_prompts(src, encode, **kw)
+    prompt_check.check_prompts(
+      tasks.ArithmeticSource(10, 0, max_operand=9, ops='+'), encode, **kw
+    )
+  assert 'empty answer' not in caplog.text

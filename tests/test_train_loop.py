@@ -163,7 +163,7 @@ def test_resume_is_exact(tmp_path):
   assert _stable(_read(full)) == _stable(_read(part))
 
 
-def test_reward_failure_scores_zero_and_counts(tmp_path):
+def test_reward_failure_scores_zero_and_counts_then_stops(tmp_path):
   name = 'test_always_raises'
   if name not in reward_fns.REWARDS:
 
@@ -176,9 +176,13 @@ def test_reward_failure_scores_zero_and_counts(tmp_path):
   config = _config(
     'decoupled_seq_is_rs', reward__functions=f'exact_match,{name}:0.5'
   )
-  _train(config, tmp_path)
+  # It fails on every row: those score 0 and count, and after
+  # FAILING_SCORES such batches in a row (evaluations included) the run
+  # stops naming it, rather than going on training on zeros.
+  with pytest.raises(reward_fns.RewardFunctionFailing, match=repr(name)):
+    _train(config, tmp_path)
   rows = [r for r in _read(tmp_path) if r['step'] > 0]
-  assert len(rows) == 3
+  assert 1 <= len(rows) < reward_fns.scorer.FAILING_SCORES
   for r in rows:
     assert r['reward/failures'] == 16  # every row of the batch
     assert r[f'reward/{name}/mean'] == 0

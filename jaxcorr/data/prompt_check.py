@@ -5,11 +5,19 @@ cannot encode, used to fail only when the loader drew it, hours into a run
 (RL step 15 in one report). `check_prompts` runs every prompt of a source
 through the rollouts' own encoding before the first step and names the
 file and line (`data.JsonlSource.where`) of each bad one.
+
+It also warns, once, about examples of a file whose answer is empty (or
+whitespace): allowed, as a reward may not use the answer (`format`, a
+length penalty), but `exact_match` and `math_answer` score those rows 0
+whatever the response, so the warning names the file, the count and the
+first five lines. (An empty prompt is refused when the file is read.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+
+from absl import logging
 
 from jaxcorr.data.prompts import format_prompt
 from jaxcorr.data.tasks import ArithmeticSource, Example
@@ -60,6 +68,7 @@ def check_prompts(
       continue
     if n > max_prompt_length:
       bad.append(f'{where}: {n} tokens')
+  _warn_empty_answers(source)
   if bad:
     more = f' (and {len(bad) - 5} more)' if len(bad) > 5 else ''
     raise ValueError(
@@ -68,4 +77,21 @@ def check_prompts(
       + '; '.join(bad[:5])
       + more
       + '. Raise the limit or remove those rows.'
+    )
+
+
+def _warn_empty_answers(source: Sequence[Example]) -> None:
+  """One warning naming the examples of a file with an empty answer."""
+  if isinstance(source, ArithmeticSource):
+    return
+  empty = [i for i in range(len(source)) if not source[i].answer.strip()]
+  if empty:
+    logging.warning(
+      '%d of %d examples have an empty answer: %s%s. exact_match and '
+      'math_answer score those rows 0 whatever the response; fine only for '
+      'rewards that ignore the answer.',
+      len(empty),
+      len(source),
+      '; '.join(_where(source, i) for i in empty[:5]),
+      f' (and {len(empty) - 5} more)' if len(empty) > 5 else '',
     )

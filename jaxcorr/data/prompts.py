@@ -9,6 +9,9 @@ prompts too long for `rollout.max_prompt_length` or that the tokenizer
 cannot encode (`jaxcorr.data.prompt_check`), naming the file and line
 (bytes that are not UTF-8 too).
 
+An empty (whitespace-only) prompt is a row error too (the model would see
+the template alone); empty answers are warned about by `check_prompts`.
+
 `PromptLoader` walks a virtual infinite stream over the source: stream
 position p is example `perm_e[p % n]` of epoch `e = p // n`, where `perm_e`
 is a permutation drawn from (seed, e) alone. The whole loader state is
@@ -126,6 +129,11 @@ class _FileSource(Sequence):
       raise ValueError(
         f'{ctx}: prompt field {self.prompt_field!r} '
         f'(config.data.prompt_field) must be a string, got {prompt!r}'
+      )
+    if not prompt.strip():
+      raise ValueError(
+        f'{ctx}: prompt field {self.prompt_field!r} is empty ({prompt!r}); '
+        'remove the row (the model would see the template alone)'
       )
     if isinstance(answer, (int, float)) and not isinstance(answer, bool):
       answer = str(answer)

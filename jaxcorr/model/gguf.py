@@ -22,12 +22,20 @@ Two llama.cpp conventions are undone here:
   interleaved one ((x0, x1), (x2, x3), ...). `_unpermute` restores HF's.
 * Tied embeddings: a file without `output.weight` reuses `token_embd` as the
   output layer, i.e. `tie_word_embeddings=True`.
+
+A file cut short (an interrupted download or copy) is a `TruncatedGGUFError`
+before anything is read or written: `check_complete` walks the header and
+compares each tensor's extent with the file size, and the error names the
+file, the first tensor cut (or the header field the file ends in) and the
+bytes missing.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,6 +66,118 @@ _LAYER = {
 _PRE_TOKENIZERS = {'default': False, 'gpt2': False, 'smollm': True}
 # llama.cpp token types: 1 normal, 3 control (special), 4 user-defined.
 _CONTROL = 3
+# GGUF metadata value types (gguf.GGUFValueType) with a fixed size -> struct
+# format; 8 is a string, 9 an array.
+_SCALARS = {
+  0: 'B', 1: 'b', 2: 'H', 3: 'h', 4: 'I', 5: 'i', 6: 'f', 7: '?',
+  10: 'Q', 11: 'q', 12: 'd',
+}  # fmt: skip
+_STRING, _ARRAY = 8, 9
+
+
+class TruncatedGGUFError(ValueError):
+  """The GGUF file ends before its header or a tensor it describes does."""
+
+
+class _HeaderReader:
+  """Sequential little-endian reads of a GGUF header; the file ending inside
+  one is a `TruncatedGGUFError` saying which field."""
+
+  def __init__(self, fh, path: str, size: int):
+    self.fh, self.path, self.size = fh, path, size
+
+  def _short(self, n: int, what: str) -> TruncatedGGUFError:
+    missing = self.fh.tell() + n - self.size
+    return TruncatedGGUFError(
+      f'{self.path}: truncated GGUF file: it ends at byte {self.size}, inside '
+      f'its header ({what}); at least {missing} bytes missing'
+    )
+
+  def read(self, fmt: str, what: str) -> tuple:
+    n = struct.calcsize('<' + fmt)
+    if self.fh.tell() + n > self.size:
+      raise self._short(n, what)
+    return struct.unpack('<' + fmt, self.fh.read(n))
+
+  def skip(self, n: int, what: str) -> None:
+    if self.fh.tell() + n > self.size:
+      raise self._short(n, what)
+    self.fh.seek(n, os.SEEK_CUR)
+
+  def string(self, what: str) -> str:
+    (n,) = self.read('Q', what)
+    if self.fh.tell() + n > self.size:
+      raise self._short(n, what)
+    return self.fh.read(n).decode('utf-8', errors='replace')
+
+  def value(self, vtype: int, what: str) -> Any:
+    """One metadata value; arrays are skipped (None)."""
+    if vtype == _STRING:
+      return self.string(what)
+    if vtype in _SCALARS:
+      return self.read(_SCALARS[vtype], what)[0]
+    if vtype != _ARRAY:
+      raise ValueError(f'{self.path}: unknown GGUF value type {vtype} ({what})')
+    item, count = self.read('IQ', what)
+    if item in _SCALARS:
+      self.skip(count * struct.calcsize('<' + _SCALARS[item]), what)
+    else:
+      for _ in range(count):
+        self.value(item, what)
+    return None
+
+
+def check_complete(path: str) -> None:
+  """Raise `TruncatedGGUFError` when the file `path` ends before its header
+  or before the last byte of any tensor the header describes; returns when
+  the file holds them all. Not a GGUF file: `UnsupportedModelError`. Tensor
+  types this `gguf` package does not know are left to `gguf.GGUFReader`."""
+  import gguf
+
+  size = os.path.getsize(path)
+  with open(path, 'rb') as fh:
+    h = _HeaderReader(fh, path, size)
+    (magic,) = h.read('I', 'magic')
+    if magic != gguf.GGUF_MAGIC:
+      raise UnsupportedModelError(
+        f'{path}: not a GGUF file (no GGUF magic number); supported: GGUF'
+      )
+    (version,) = h.read('I', 'version')
+    if version & 0xFFFF == 0:
+      return  # a big-endian file: GGUFReader handles (and checks) those
+    n_tensors, n_kv = h.read('QQ', 'tensor and metadata counts')
+    alignment = gguf.GGUF_DEFAULT_ALIGNMENT
+    for i in range(n_kv):
+      key = h.string(f'metadata key {i} of {n_kv}')
+      (vtype,) = h.read('I', f'metadata {key!r}')
+      value = h.value(vtype, f'metadata {key!r}')
+      if key == 'general.alignment' and isinstance(value, int) and value > 0:
+        alignment = value
+    infos = []
+    for i in range(n_tensors):
+      name = h.string(f'tensor info {i} of {n_tensors}')
+      (n_dims,) = h.read('I', f'tensor info {name!r}')
+      dims = h.read(f'{n_dims}Q', f'tensor info {name!r}')
+      ttype, offset = h.read('IQ', f'tensor info {name!r}')
+      infos.append((name, dims, ttype, offset))
+    data_start = -(-fh.tell() // alignment) * alignment
+  extents = []
+  for name, dims, ttype, offset in infos:
+    try:
+      block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ttype)]
+    except (KeyError, ValueError):
+      return
+    start = data_start + offset
+    extents.append((start, start + math.prod(dims) // block * type_size, name))
+  cut = sorted(e for e in extents if e[1] > size)
+  if cut:
+    start, end, name = cut[0]
+    total = max(e[1] for e in extents)
+    raise TruncatedGGUFError(
+      f'{path}: truncated GGUF file: tensor {name!r} needs bytes '
+      f'{start}..{end} but the file ends at byte {size}; {total - size} bytes '
+      f'missing (the complete file has at least {total} bytes)'
+    )
 
 
 class GGUFFile:
@@ -69,6 +189,7 @@ class GGUFFile:
     self.path = os.fspath(path)
     if not os.path.isfile(self.path):
       raise FileNotFoundError(f'no GGUF file {self.path!r}')
+    check_complete(self.path)
     self._gguf = gguf
     self._reader = gguf.GGUFReader(self.path)
     self.meta = {

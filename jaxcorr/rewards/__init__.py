@@ -9,8 +9,11 @@ the config file imports.
 * `registry`: `REWARDS`, `register`, the built-in rewards, `parse_spec`;
 * `answers`: final-answer extraction and numeric comparison;
 * `workers`: daemon threads whose stuck calls are abandoned and replaced;
-* `scorer`: `RewardScorer` (timeouts, per-step budget, float32 checks,
-  failure metrics) and `check_rewards`.
+* `processes`: worker processes killed and replaced on timeout
+  (`config.reward.isolation='process'`);
+* `scorer`: `RewardScorer` (isolation, timeouts, per-step budget, float32
+  checks, failure metrics, a stop for a function that always fails) and
+  `check_rewards`.
 """
 
 from jaxcorr.rewards.answers import (
@@ -30,6 +33,7 @@ from jaxcorr.rewards.registry import (
 )
 from jaxcorr.rewards.scorer import (
   MAX_STUCK,
+  RewardFunctionFailing,
   RewardScorer,
   check_rewards,
 )
@@ -38,6 +42,7 @@ __all__ = [
   'MAX_STUCK',
   'REWARDS',
   'RewardFn',
+  'RewardFunctionFailing',
   'RewardScorer',
   'answers_match',
   'check_rewards',

@@ -2,16 +2,27 @@
 
 Rewards are user code running inside the training loop, so the scorer
 contains them: a call that raises, returns something that is not a finite
-float32, or runs past `timeout_s` scores 0 for that function on that row and
-is counted; `score` never raises because of a reward function and never
-waits longer than `step_budget_s`. Every call runs on a `WorkerPool`
-thread, so a call that hangs is abandoned and replaced, and later calls
+float32 (a bool is 0 or 1), or runs past `timeout_s` scores 0 for that
+function on that row and is counted; `score` never waits longer than
+`step_budget_s`. A function that fails (raises or returns a non-number) on
+more than `max_failure_fraction` of its rows in `FAILING_SCORES`
+consecutive `score` calls is a bug, not bad luck: `score` then raises
+`RewardFunctionFailing` naming it and its first failure, so a run does not
+go on training on zeros.
+
+`isolation` picks where calls run. 'thread' (default): on `WorkerPool`
+threads, so a call that hangs is abandoned and replaced, and later calls
 (other functions, the evaluation) get fresh workers. A function with
 `MAX_STUCK` abandoned calls still running gets no new ones until some
 return (its rows score 0, counted in `reward/timeouts`), which bounds the
 threads it can hold. Threads bound Python-level slowness and blocking I/O;
 a C extension that holds the GIL (a pathological `re` match) stalls the
-whole process and needs a subprocess-based reward instead.
+whole process, SIGTERM handling included. 'process': on
+`jaxcorr.rewards.processes.ProcessPool` workers, which are killed and
+replaced when a call times out, so no call can stall the trainer; it costs
+worker start-up (seconds, again after each kill), memory per worker and
+pickling, and needs the functions registered at import of their module
+(that module's doc).
 
 Values are checked in float32, the dtype the update uses: a reward of 1e39
 is finite in float64 but inf in float32, so it is a failure of the function
@@ -24,6 +35,10 @@ trainer runs it sets `stop_requested`, and once that returns True the calls
 still unfinished get `STOP_GRACE_S` more seconds, then score 0 as if the
 budget had run out, so the step ends, its checkpoint is written and the run
 exits within the preemption's grace period.
+
+A stop (`stop_requested`) or the step budget, whichever comes first, is what
+the log line of a call cut short names; `timeout_s` and `step_budget_s` of
+0 (None) mean no limit, and a stop still cuts the calls after the grace.
 
 Metrics (per step, summed over rows; docs/data_and_rewards.md):
 `reward/failures` (raised, not a number, not finite in float32),
@@ -48,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from jaxcorr.config import fields
+from jaxcorr.rewards.processes import ProcessPool
 from jaxcorr.rewards.registry import _SPEC, REWARDS
 from jaxcorr.rewards.workers import Task, WorkerPool
 
@@ -60,19 +76,33 @@ MAX_STUCK = 64
 # grace period (about 30 s), which a hanging call would otherwise use up.
 STOP_GRACE_S = 2.0
 
+# Consecutive `score` calls in which one function fails on more than
+# `max_failure_fraction` of its rows before `score` raises: one bad batch
+# (a flaky verifier) is tolerated, a function that cannot work is not.
+FAILING_SCORES = 3
+
+ISOLATIONS = ('thread', 'process')
+
 _F32_MAX = float(np.finfo(np.float32).max)
 _log = logging.getLogger(__name__)
 
 
+class RewardFunctionFailing(RuntimeError):
+  """A reward function failed on (nearly) every row of several batches."""
+
+
 def _valid(value: Any) -> float | None:
-  """A reward value as a float finite in float32, or None."""
+  """A reward value as a float finite in float32 (a bool as 0 or 1), or
+  None."""
   if (
     isinstance(value, np.ndarray)
     and value.ndim == 0
     and value.dtype.kind in 'biuf'
   ):
     value = value.item()
-  if not isinstance(value, numbers.Real) or isinstance(value, bool):
+  if isinstance(value, bool | np.bool_):
+    return float(value)
+  if not isinstance(value, numbers.Real):
     return None
   value = float(value)
   return value if math.isfinite(value) and abs(value) <= _F32_MAX else None
@@ -106,6 +136,44 @@ def _positive_or_none(path: str, value: Any) -> float | None:
   return float(value) or None
 
 
+class FailureWatch:
+  """Stops a run whose reward function fails on (nearly) every row: more
+  than `max_fraction` of its rows in `FAILING_SCORES` consecutive batches
+  (module doc). Keeps each function's first failure for the message."""
+
+  def __init__(self, names: Sequence[str], max_fraction: float):
+    self.names = tuple(names)
+    self.max_fraction = fields.check(
+      fields.number(0, 1), max_fraction, 'config.reward.max_failure_fraction'
+    )
+    self.first: dict[str, str] = {}
+    self._runs = [0] * len(self.names)
+
+  def note(self, name: str, what: str) -> None:
+    """Records a failure ('raised ...', 'returned ...') of `name`."""
+    self.first.setdefault(name, what)
+
+  def check(self, failed: np.ndarray, n: int) -> None:
+    """After a batch of `n` rows with `failed[j]` failures of function j:
+    raises `RewardFunctionFailing` on the `FAILING_SCORES`-th such batch in
+    a row."""
+    if not n:
+      return
+    for j, name in enumerate(self.names):
+      over = failed[j] / n > self.max_fraction
+      self._runs[j] = self._runs[j] + 1 if over else 0
+      if self._runs[j] >= FAILING_SCORES:
+        raise RewardFunctionFailing(
+          f'reward {name!r} failed on more than '
+          f'config.reward.max_failure_fraction={self.max_fraction:g} of its '
+          f'rows in {FAILING_SCORES} batches in a row ({failed[j]} of {n} in '
+          f'the last); its first failure: {self.first.get(name, "?")}. Fix '
+          'the function (it must return a number), or set '
+          'config.reward.max_failure_fraction=1 to score its failures 0 and '
+          'go on'
+        )
+
+
 class RewardScorer:
   """The weighted sum of named rewards, one float32 per row (module doc).
 
@@ -117,7 +185,11 @@ class RewardScorer:
     step_budget_s: seconds one `score` call may take in all; calls still
       unfinished then score 0 (counted in `reward/timeouts`). None or 0:
       no budget.
-    max_workers: threads running calls concurrently.
+    max_workers: threads (or processes) running calls concurrently.
+    isolation: 'thread' or 'process' (module doc).
+    max_failure_fraction: in [0, 1]; a function failing on more than this
+      fraction of its rows in `FAILING_SCORES` consecutive `score` calls
+      raises `RewardFunctionFailing`. 1: never.
   """
 
   def __init__(
@@ -127,6 +199,8 @@ class RewardScorer:
     timeout_s: float | None = 5.0,
     step_budget_s: float | None = 300.0,
     max_workers: int = 4,
+    isolation: str = 'thread',
+    max_failure_fraction: float = 0.9,
   ):
     spec = list(spec)
     if not spec:
@@ -148,7 +222,7 @@ class RewardScorer:
       )
     weights = []
     for name, weight in spec:
-      w = _valid(weight)
+      w = None if isinstance(weight, bool | np.bool_) else _valid(weight)
       if w is None:
         raise ValueError(
           f'{_SPEC}: invalid weight {weight!r} for {name!r}; allowed: a '
@@ -160,13 +234,17 @@ class RewardScorer:
       'config.reward.step_budget_s', step_budget_s
     )
     fields.check(fields.integer(1), max_workers, 'RewardScorer max_workers')
+    self.isolation = fields.check(
+      fields.one_of(*ISOLATIONS), isolation, 'config.reward.isolation'
+    )
     self.names = tuple(names)
     self.weights = np.asarray(weights, np.float64)
     self._fns = tuple(REWARDS[n] for n in names)
     self.max_workers = max_workers
-    self._pool: WorkerPool | None = None
+    self._pool: WorkerPool | ProcessPool | None = None
     self._pool_lock = threading.Lock()
     self._warned: set[str] = set()
+    self._watch = FailureWatch(self.names, max_failure_fraction)
     # Set by the trainer while it runs (module doc): a stop cuts the wait.
     self.stop_requested: Callable[[], bool] | None = None
 
@@ -183,6 +261,8 @@ class RewardScorer:
 
   def _report(self, name: str, what: str, exc: BaseException | None) -> None:
     """Logs the first failure of each function (later ones only count)."""
+    if not what.startswith('timed out'):
+      self._watch.note(name, what)
     level = logging.DEBUG if name in self._warned else logging.WARNING
     self._warned.add(name)
     _log.log(
@@ -195,6 +275,7 @@ class RewardScorer:
     )
 
   def _outcome(self, name: str, fut: concurrent.futures.Future) -> float | None:
+    """The call's value, or None after reporting why it failed."""
     exc = fut.exception()
     if exc is not None:
       self._report(name, f'raised {type(exc).__name__}: {exc}', exc)
@@ -208,8 +289,9 @@ class RewardScorer:
   def score(
     self, responses: Sequence[str], answers: Sequence[str]
   ) -> tuple[np.ndarray, dict[str, float]]:
-    """(rewards float32 [B], metrics). Raises only for mismatched lengths
-    (a caller bug); reward-function errors score 0 and are counted."""
+    """(rewards float32 [B], metrics). Raises for mismatched lengths (a
+    caller bug) and `RewardFunctionFailing` (class doc); other
+    reward-function errors score 0 and are counted."""
     if isinstance(responses, str) or isinstance(answers, str):
       raise ValueError('RewardScorer.score: pass sequences of strings')
     if len(responses) != len(answers):
@@ -221,9 +303,14 @@ class RewardScorer:
     values = np.zeros((len(self._fns), n), np.float64)
     start = time.monotonic()
     deadline = start + self.step_budget_s if self.step_budget_s else math.inf
+    # What cut the unfinished calls short at `deadline` (for the log).
+    cut_by = (
+      f'step budget {self.step_budget_s:g} s' if self.step_budget_s else ''
+    )
     pool = self._get_pool()
     pending: dict[Task, tuple[int, int]] = {}
-    timeouts = failures = 0
+    timeouts = 0
+    failed = np.zeros(len(self._fns), np.int64)
     for j, (name, fn) in enumerate(zip(self.names, self._fns)):
       if pool.stuck(name) >= MAX_STUCK:
         self._report(name, f'timed out: {MAX_STUCK} calls still hang', None)
@@ -234,8 +321,12 @@ class RewardScorer:
     budget_exceeded = False
     while pending:
       now = time.monotonic()
-      if self.stop_requested is not None and self.stop_requested():
-        deadline = min(deadline, now + STOP_GRACE_S)
+      stopping = self.stop_requested is not None and self.stop_requested()
+      if stopping and now + STOP_GRACE_S < deadline:
+        deadline = now + STOP_GRACE_S
+        cut_by = (
+          f'the run is stopping (SIGTERM or Ctrl-C; {STOP_GRACE_S:g} s grace)'
+        )
       wake = deadline
       for task in list(pending):
         j, i = pending[task]
@@ -244,7 +335,7 @@ class RewardScorer:
           del pending[task]
           v = self._outcome(name, task.future)
           if v is None:
-            failures += 1
+            failed[j] += 1
           else:
             values[j, i] = v
         elif now >= deadline:
@@ -252,9 +343,7 @@ class RewardScorer:
           if pool.abandon(task):
             del pending[task]
             timeouts += 1
-            self._report(
-              name, f'timed out: step budget {self.step_budget_s:g} s', None
-            )
+            self._report(name, f'timed out: {cut_by}', None)
         elif self.timeout_s and task.start is not None:
           expiry = task.start + self.timeout_s
           if now >= expiry and pool.abandon(task):
@@ -270,8 +359,9 @@ class RewardScorer:
           timeout=wait,
           return_when=concurrent.futures.FIRST_COMPLETED,
         )
+    self._watch.check(failed, n)
     return self._combine(
-      values, failures, timeouts, budget_exceeded, pool.stuck()
+      values, int(failed.sum()), timeouts, budget_exceeded, pool.stuck()
     )
 
   def _combine(
@@ -305,10 +395,20 @@ class RewardScorer:
       metrics[f'reward/{name}/mean'] = float(values[j].mean()) if n else 0.0
     return rewards.astype(np.float32), metrics
 
-  def _get_pool(self) -> WorkerPool:
+  def start(self) -> None:
+    """Starts the workers now rather than at the first `score` (with
+    'process', a reward that a fresh process cannot find fails here)."""
+    self._get_pool()
+
+  def _get_pool(self) -> WorkerPool | ProcessPool:
     with self._pool_lock:
       if self._pool is None:
-        self._pool = WorkerPool(self.max_workers)
+        if self.isolation == 'process':
+          self._pool = ProcessPool(
+            self.max_workers, dict(zip(self.names, self._fns))
+          )
+        else:
+          self._pool = WorkerPool(self.max_workers)
         # Idle workers end with the scorer even without close().
         weakref.finalize(self, self._pool.close)
       return self._pool

@@ -4,6 +4,10 @@
   themselves ("12 7 99"), for tiny random models that have no vocabulary
   file. RL prompts travel as ids anyway (`docs/math/rollout_contract.md` §3);
   this only lets JetStream's text-based server and client talk to such a model.
+  It decodes each id as a space and the id (" 12 7 99" for three ids):
+  JetStream's server streams one decoded id per piece and its clients join
+  the pieces, which then still read back as whitespace-separated ids, and
+  the prompt's text followed by the response's is the whole sequence.
 * `ChatTemplate`: a model's own chat template (the Jinja string in its
   tokenizer_config.json) rendered the way `transformers`'
   `apply_chat_template` renders it, and `chat_prompt_template`, which turns
@@ -62,8 +66,10 @@ class IdTokenizer(tokenizer_api.Tokenizer):
     )
 
   def decode(self, token_ids: list[int], **kwargs) -> str:
+    """' <id>' per id (module doc): decoding piece by piece and joining
+    equals decoding the whole list."""
     del kwargs
-    return ' '.join(str(int(t)) for t in token_ids)
+    return ''.join(f' {int(t)}' for t in token_ids)
 
   @property
   def pad_id(self) -> int:

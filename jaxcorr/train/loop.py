@@ -105,7 +105,10 @@ class Trainer:
       parse_spec(run.reward.functions),
       timeout_s=run.reward.timeout_s,
       step_budget_s=run.reward.step_budget_s,
+      isolation=run.reward.isolation,
+      max_failure_fraction=run.reward.max_failure_fraction,
     )
+    scorer.start()
     self.engine = self._engine(self.rollout_mesh)
     self.stage = RolloutStage(run, self.engine, self.tokenizer, scorer)
     # Async and stream modes: the producer owns its engine, so evaluation
@@ -289,5 +292,6 @@ class Trainer:
 
   def close(self) -> None:
     self.checkpointer.close()
+    self.scorer.close()
     if self._claim is not None:
       self._claim.release()

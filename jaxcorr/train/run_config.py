@@ -186,6 +186,21 @@ class RewardConfig:
     'Seconds all reward calls of one step may take; calls unfinished then '
     'score 0 (reward/timeouts, reward/budget_exceeded). 0: no budget.',
   )
+  isolation: str = setting(
+    'thread',
+    one_of('thread', 'process'),
+    "Where calls run: 'thread' (worker threads; cheap, but a call that "
+    "holds the GIL freezes the trainer, SIGTERM included) or 'process' "
+    '(worker processes killed and replaced on timeout; rewards must be '
+    'registered at import of their module). docs/data_and_rewards.md.',
+  )
+  max_failure_fraction: float = setting(
+    0.9,
+    number(0, 1),
+    'A function that fails (raises, returns a non-number) on more than this '
+    'fraction of its rows in 3 scored batches in a row stops the run, naming '
+    'it and its first failure. 1: never stop (failures score 0).',
+  )
 
   def __post_init__(self):
     validate(self)

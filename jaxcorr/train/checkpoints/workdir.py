@@ -54,6 +54,8 @@ RESUMABLE = frozenset(
     'data.eval_path',
     'reward.timeout_s',
     'reward.step_budget_s',
+    'reward.isolation',
+    'reward.max_failure_fraction',
     'rollout.max_concurrent_decodes',
   }
 )
