@@ -22,7 +22,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
+from jaxcorr.rollout.engine import PolicyEngine
+from jaxcorr.rollout.state import SamplingParams
 
 
 class InvalidRequest(ValueError):

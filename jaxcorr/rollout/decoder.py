@@ -33,7 +33,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
+from jaxcorr.rollout.engine import PolicyEngine
+from jaxcorr.rollout.state import SamplingParams
 from jaxcorr.rollout.types import FinishReason
 
 _MIN_ROWS = 8  # the smallest batch `_shrink` makes

@@ -57,14 +57,7 @@ from jaxcorr.rollout.tokenizer import IdTokenizer
 with quiet_tensorflow_startup():  # JetStream's engine_api imports TensorFlow
   from jetstream.engine import engine_api, tokenizer_pb2
 
-__all__ = [
-  'Chunk',
-  'DecodeState',
-  'LogProbResultTokens',
-  'PolicyEngine',
-  'Prefix',
-  'SamplingParams',
-]
+__all__ = ['PolicyEngine']
 
 
 class PolicyEngine(engine_api.Engine):
