@@ -73,7 +73,7 @@ def main() -> None:
   jax.block_until_ready(
     engine.decode_chunk(fresh(), stop, attend_len=args.attend)
   )
-  hlo = engine._chunk_jit.lower(
+  hlo = engine.programs.chunk.lower(
     engine.params, fresh(), stop, jnp.int32(0), num_steps=steps,
     attend_len=args.attend,
   ).compile().as_text()  # fmt: skip

@@ -41,7 +41,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
+from jaxcorr.rollout.engine import PolicyEngine
+from jaxcorr.rollout.state import SamplingParams
 
 _LOOPBACK = ('localhost', '127.0.0.1', '::1')
 

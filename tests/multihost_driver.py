@@ -166,13 +166,11 @@ def host_params(trainer: Any, params: Any) -> dict[str, Any]:
 def checkpoint_params(trainer: Any, step: int) -> Any:
   """The policy params of checkpoint `step`, restored into this job's
   shardings (the trainer's state and metrics file are left alone)."""
-  from jaxcorr.train.checkpoints import checkpointer as checkpoint
+  from jaxcorr.train.checkpoints.tree import abstract_like
 
   ref_like = trainer.state.params if trainer.run.needs_ref else None
   tree = {'state': trainer.state, 'ref': ref_like}
-  restored, _ = trainer.checkpointer.restore(
-    checkpoint.abstract_like(tree), step=step
-  )
+  restored, _ = trainer.checkpointer.restore(abstract_like(tree), step=step)
   return restored['state'].params
 
 

@@ -2,7 +2,7 @@
 PR #2102), and the replay contract itself.
 
 slime's kept sets are ragged (`top_p_token_ids` + `top_p_token_offsets` per
-sample); `kept_set.from_ragged` turns them into jaxcorr's fixed-width
+sample); `rollout_testing.from_ragged` turns them into jaxcorr's fixed-width
 `KeptSet` (C = V, so nothing is capped and the cases of one V share their
 compiles). The
 packed row of response token r of sample i is `offset_i + prompt_i − 1 + r`
@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import rollout_testing
 
 import golden_data as gd
 from jaxcorr import sampling
@@ -67,10 +68,10 @@ def kept_from_slime(kw, v):
     n_data = max(len(offs) - 1, 0)
     if n_data < resp:
       with pytest.raises(ValueError, match='offsets'):
-        ks.from_ragged(ids_l[i], offs, resp, width)
+        rollout_testing.from_ragged(ids_l[i], offs, resp, width)
       pad = np.full(resp - n_data, offs[-1] if len(offs) else 0)
       offs = np.concatenate([offs if len(offs) else [0], pad])
-    a, c, capped = ks.from_ragged(ids_l[i], offs, resp, width)
+    a, c, capped = rollout_testing.from_ragged(ids_l[i], offs, resp, width)
     assert not capped.any()
     ids.append(a)
     count.append(c)
@@ -159,7 +160,9 @@ def test_replay_matches_slime(case):
   # keep_mask: slime's [Σ L, V] membership before the target is added.
   mask = np.ones(logits.shape, bool)
   member = np.asarray(
-    ks.kept_mask(ks.KeptSet(jnp.asarray(ids), jnp.asarray(count), None), v)
+    rollout_testing.kept_mask(
+      ks.KeptSet(jnp.asarray(ids), jnp.asarray(count), None), v
+    )
   )
   mask[rows[has]] = member[has]
   np.testing.assert_array_equal(mask, out['keep_mask'])
@@ -228,7 +231,9 @@ def test_engine_kept_set_matches_slime_selection():
       top_p=es['top_p'], min_p=es['min_p'],
     )  # fmt: skip
     want = gs.outputs(case)['keep_mask'][rows]
-    np.testing.assert_array_equal(ks.kept_mask(kept, v), want, err_msg=cid)
+    np.testing.assert_array_equal(
+      rollout_testing.kept_mask(kept, v), want, err_msg=cid
+    )
 
 
 def test_d30_top_p_after_top_k_renormalises():
@@ -249,7 +254,7 @@ def test_d30_top_p_after_top_k_renormalises():
       jnp.asarray(kw['engine_logits'][rows]), capacity=v,
       temperature=es['temperature'], top_k=es['top_k'], top_p=es['top_p'],
     )  # fmt: skip
-    got = np.asarray(ks.kept_mask(kept, v))
+    got = np.asarray(rollout_testing.kept_mask(kept, v))
     want = gs.outputs(gs.case(cid))['keep_mask'][rows]
     assert not (got & ~want).any(), cid
     assert np.array_equal(got, want) == equal, cid
@@ -328,7 +333,9 @@ def test_replay_gradient_ignores_membership_and_jit_matches_eager(nucleus):
     return jnp.sum(lp_lib.replay_logprobs(lg, y, kept.ids, kept.count)[0])
 
   g = jax.jit(jax.grad(f))(logits)
-  member = ks.kept_mask(kept, 512) | jax.nn.one_hot(y, 512, dtype=bool)
+  member = rollout_testing.kept_mask(kept, 512) | jax.nn.one_hot(
+    y, 512, dtype=bool
+  )
   assert float(jnp.max(jnp.abs(jnp.where(member, 0, g)))) == 0.0
   np.testing.assert_allclose(jax.jit(f)(logits), f(logits), rtol=1e-6)  # eager
 

@@ -26,8 +26,8 @@ from safetensors.numpy import load_file, save_file
 
 from jaxcorr import sharding as sh
 from jaxcorr.model import (
-  CheckpointError,
   UnsupportedModelError,
+  WeightsMismatchError,
   load_hf,
   load_tokenizer,
   save_hf,
@@ -175,7 +175,7 @@ def test_load_errors(checkpoint, tmp_path):
     load_hf(bad)
   bad = _copy(path, tmp_path / 'shape', config=dict(intermediate_size=96))
   with pytest.raises(
-    CheckpointError,
+    WeightsMismatchError,
     match=r'mlp.\w+_proj.weight .* has shape \((128, 64|64, 128)\), but config.json implies',
   ):
     load_hf(bad)
@@ -183,12 +183,12 @@ def test_load_errors(checkpoint, tmp_path):
     path, tmp_path / 'missing', drop=['model.layers.1.mlp.up_proj.weight']
   )
   with pytest.raises(
-    CheckpointError, match=r'missing \[.model.layers.1.mlp.up_proj'
+    WeightsMismatchError, match=r'missing \[.model.layers.1.mlp.up_proj'
   ):
     load_hf(bad)
   extra = {'model.layers.0.mlp.up_proj.bias': np.zeros(128, np.float32)}
   bad = _copy(path, tmp_path / 'extra', add=extra)
-  with pytest.raises(CheckpointError, match=r'unexpected .*up_proj\.bias'):
+  with pytest.raises(WeightsMismatchError, match=r'unexpected .*up_proj\.bias'):
     load_hf(bad)
   # Ignorable extras load fine: rotary tables, a head next to tied weights.
   extra = {

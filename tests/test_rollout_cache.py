@@ -27,7 +27,7 @@ def engine():
 
 def _memory(engine, attend_len):
   state = engine.init_decode_state()
-  compiled = engine._chunk_jit.lower(
+  compiled = engine.programs.chunk.lower(
     engine.params,
     state,
     engine.stop_array([1]),

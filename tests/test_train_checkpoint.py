@@ -21,6 +21,8 @@ from model_testing import random_model, tiny_config
 from jaxcorr import sharding
 from jaxcorr.losses import rewards
 from jaxcorr.train.checkpoints import checkpointer as checkpoint
+from jaxcorr.train.checkpoints.restore import CheckpointRestoreError
+from jaxcorr.train.checkpoints.tree import abstract_like
 from jaxcorr.train.state import TrainState
 
 
@@ -105,7 +107,7 @@ def test_round_trip_is_exact_with_sharded_nnx_and_optax_state(
   }
   with checkpoint.Checkpointer(str(tmp_path), every=1, keep=3) as ckpt:
     assert ckpt.save(4, tree, meta)
-    restored, restored_meta = ckpt.restore(checkpoint.abstract_like(tree))
+    restored, restored_meta = ckpt.restore(abstract_like(tree))
 
   _assert_same(restored, tree)
   # Params come back as an nnx.State of nnx.Param with their logical axes,
@@ -136,7 +138,7 @@ def test_nnx_state_is_stored_as_pure_dict(tmp_path, params):
   with checkpoint.Checkpointer(str(tmp_path), every=1, keep=1) as ckpt:
     ckpt.save(0, {'params': params}, {})
     pure = nnx.to_pure_dict(params)
-    target = {'params': checkpoint.abstract_like(pure)}
+    target = {'params': abstract_like(pure)}
     restored, _ = ckpt.restore(target)
   assert not isinstance(restored['params'], nnx.State)
   _assert_same(restored['params'], pure)
@@ -163,7 +165,7 @@ def test_restore_onto_another_layout(tmp_path, params, mesh):
     ckpt.save(1, replicated, {})
     ckpt.save(2, params, {})
     restored, _ = ckpt.restore(target, step=1)
-    back, _ = ckpt.restore(checkpoint.abstract_like(replicated), step=2)
+    back, _ = ckpt.restore(abstract_like(replicated), step=2)
     # Fewer devices: a 4-device fsdp mesh (a smaller slice on resume).
     small = sharding.make_mesh(devices=jax.devices()[:4])
     small_shardings = sharding.param_shardings(params, small)
@@ -196,7 +198,7 @@ def test_every_force_and_keep(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ['6', '7']
   # An existing step is never overwritten.
   assert not ckpt.save(7, _small(99), {'s': 99}, force=True)
-  state, meta = ckpt.restore(checkpoint.abstract_like(_small()))
+  state, meta = ckpt.restore(abstract_like(_small()))
   assert meta == {'s': 7}
   np.testing.assert_array_equal(state['w'], _small(7)['w'])
   ckpt.close()
@@ -213,11 +215,11 @@ def test_every_force_and_keep(tmp_path):
 def test_restore_latest_or_given_step(tmp_path):
   with checkpoint.Checkpointer(str(tmp_path), every=1, keep=5) as ckpt:
     with pytest.raises(FileNotFoundError, match='no checkpoint'):
-      ckpt.restore(checkpoint.abstract_like(_small()))
+      ckpt.restore(abstract_like(_small()))
     for s in (3, 5, 9):
       ckpt.save(s, _small(s), {'s': s})
     assert ckpt.latest_step() == 9
-    target = checkpoint.abstract_like(_small())
+    target = abstract_like(_small())
     state, meta = ckpt.restore(target)
     assert meta['s'] == 9
     np.testing.assert_array_equal(state['w'], _small(9)['w'])
@@ -242,13 +244,13 @@ def test_crashed_save_is_ignored_and_redone(tmp_path):
   ckpt = checkpoint.Checkpointer(str(tmp_path), every=1, keep=3)
   assert ckpt.latest_step() == 2
   assert ckpt.all_steps() == [1, 2]
-  state, meta = ckpt.restore(checkpoint.abstract_like(_small()))
+  state, meta = ckpt.restore(abstract_like(_small()))
   assert meta == {'s': 2}
   np.testing.assert_array_equal(state['w'], _small(2)['w'])
   # The resumed run reaches step 3 again and saves it over the debris.
   assert ckpt.save(3, _small(3), {'s': 3})
   assert ckpt.latest_step() == 3
-  state, meta = ckpt.restore(checkpoint.abstract_like(_small()))
+  state, meta = ckpt.restore(abstract_like(_small()))
   assert meta == {'s': 3}
   np.testing.assert_array_equal(state['w'], _small(3)['w'])
   ckpt.close()
@@ -269,7 +271,7 @@ def test_async_save_copies_before_returning(tmp_path, mesh):
     NamedSharding(mesh, PartitionSpec('fsdp')),
   )
   expected = np.asarray(x)
-  target = checkpoint.abstract_like({'x': x})
+  target = abstract_like({'x': x})
   with checkpoint.Checkpointer(
     str(tmp_path), every=1, keep=1, async_save=True
   ) as ckpt:
@@ -300,7 +302,7 @@ def test_invalid_arguments(tmp_path):
   with pytest.raises(
     ValueError, match=r'(?s)restoring checkpoint step 0 .*extra'
   ):
-    ckpt.restore(checkpoint.abstract_like({**_small(), 'extra': _small()['w']}))
+    ckpt.restore(abstract_like({**_small(), 'extra': _small()['w']}))
   ckpt.close()
   with pytest.raises(ValueError, match='is closed'):
     ckpt.save(1, _small(), {}, force=True)
@@ -337,13 +339,13 @@ def test_unreadable_latest_step_falls_back_to_the_newest_intact(
       ckpt.save(s, _small(s), {'s': s})
   DAMAGES[damage](tmp_path / '3')
   with checkpoint.Checkpointer(str(tmp_path), every=1, keep=3) as ckpt:
-    state, meta = ckpt.restore(checkpoint.abstract_like(_small()))
+    state, meta = ckpt.restore(abstract_like(_small()))
     assert meta == {'s': 2}
     np.testing.assert_array_equal(state['w'], _small(2)['w'])
     assert ckpt.all_steps() == [1, 2]
     assert (tmp_path / '3.unreadable').is_dir()  # kept for inspection
     assert ckpt.save(3, _small(30), {'s': 30})
-    state, meta = ckpt.restore(checkpoint.abstract_like(_small()))
+    state, meta = ckpt.restore(abstract_like(_small()))
     assert meta == {'s': 30}
   warnings = [
     r.getMessage() for r in caplog.records if r.levelname == 'WARNING'
@@ -359,8 +361,8 @@ def test_no_readable_step_is_one_line_error_and_renames_nothing(tmp_path):
   for s in ('1', '2'):
     DAMAGES['truncated data'](tmp_path / s)
   with checkpoint.Checkpointer(str(tmp_path), every=1, keep=3) as ckpt:
-    with pytest.raises(checkpoint.CheckpointError) as info:
-      ckpt.restore(checkpoint.abstract_like(_small()))
+    with pytest.raises(CheckpointRestoreError) as info:
+      ckpt.restore(abstract_like(_small()))
     assert ckpt.all_steps() == [1, 2]
   msg = str(info.value)
   assert msg.startswith('restoring checkpoint step 2 ')
@@ -376,7 +378,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONSOLE_SCRIPT = """
 import gc, os, pathlib, sys, time
 import jax.numpy as jnp
-from jaxcorr.train import checkpoint
+from jaxcorr.train.checkpoints import checkpointer as checkpoint
+from jaxcorr.train.checkpoints.tree import abstract_like
 d = pathlib.Path(sys.argv[1])
 small = lambda s=0: {'w': jnp.arange(8.0) + s, 'v': [jnp.ones((4, 4)) * s, s]}
 with checkpoint.Checkpointer(str(d), every=1, keep=3) as ckpt:
@@ -387,7 +390,7 @@ for s in sys.argv[2:]:
     if p.is_file() and p.parent.name == 'd':
       os.truncate(p, 10)
 with checkpoint.Checkpointer(str(d), every=1, keep=3) as ckpt:
-  print('restored', ckpt.restore(checkpoint.abstract_like(small()))[1])
+  print('restored', ckpt.restore(abstract_like(small()))[1])
 time.sleep(0.5)  # reads still in flight finish, their leftovers are freed
 gc.collect()
 """
@@ -418,8 +421,8 @@ def test_console_shows_one_line_per_unreadable_step(tmp_path, damaged):
     assert proc.returncode == 1, out
     assert out.count('Traceback') == 1, out
     last = out.splitlines()[-1]
-    assert last.startswith('jaxcorr.train.checkpoints.checkpointer'), out
-    assert 'CheckpointError: restoring checkpoint step 3' in last, out
+    assert last.startswith('jaxcorr.train.checkpoints.restore'), out
+    assert 'CheckpointRestoreError: restoring checkpoint step 3' in last, out
 
 
 def test_leftovers_of_a_failed_restore_are_dropped_and_nothing_else(caplog):

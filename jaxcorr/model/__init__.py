@@ -12,7 +12,7 @@ from jaxcorr.model.config import (
   UnsupportedModelError,
 )
 from jaxcorr.model.hf_io import (
-  CheckpointError,
+  WeightsMismatchError,
   load_hf,
   load_tokenizer,
   save_hf,
@@ -25,12 +25,12 @@ from jaxcorr.model.logprobs import (
 from jaxcorr.model.transformer import KVCache, Transformer, segment_positions
 
 __all__ = [
-  'CheckpointError',
   'KVCache',
   'RopeScaling',
   'Transformer',
   'TransformerConfig',
   'UnsupportedModelError',
+  'WeightsMismatchError',
   'load_hf',
   'load_tokenizer',
   'logprobs_from_hidden',

@@ -79,8 +79,15 @@ _LAYER_PARAMS = {
 _IGNORED_SUFFIXES = ('rotary_emb.inv_freq',)
 
 
-class CheckpointError(ValueError):
-  """A checkpoint that does not match its config (missing/extra/misshapen)."""
+class WeightsMismatchError(ValueError):
+  """A Hugging Face weights directory whose tensors do not match its
+  config.json (missing, unexpected or misshapen).
+
+  Not to be confused with
+  `jaxcorr.train.checkpoints.restore.CheckpointRestoreError`, a training
+  checkpoint step that cannot be restored; both are ValueErrors, the one
+  base they share.
+  """
 
 
 # ----------------------------------------------------------- name mapping
@@ -194,7 +201,7 @@ def _check(reader: _Reader, cfg: TransformerConfig, entries, path: str):
     and not (k == 'lm_head.weight' and cfg.tie_embeddings)
   )
   if missing or extra:
-    raise CheckpointError(
+    raise WeightsMismatchError(
       f'checkpoint {path!r} does not match its {cfg.architecture} config: '
       f'missing {missing[:8]}{"..." if len(missing) > 8 else ""}, '
       f'unexpected {extra[:8]}{"..." if len(extra) > 8 else ""}'
@@ -202,7 +209,7 @@ def _check(reader: _Reader, cfg: TransformerConfig, entries, path: str):
   for name, shape in expected.items():
     got = reader.shape(name)
     if got != shape:
-      raise CheckpointError(
+      raise WeightsMismatchError(
         f'{name} in {path!r} has shape {got}, but config.json implies {shape}'
       )
 

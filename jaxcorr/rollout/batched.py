@@ -1,18 +1,20 @@
-"""The batched, device-resident half of `PolicyEngine` (what
-`rollout.decoder.Decoder` drives), apart from JetStream's one-request API:
+"""`BatchedDecoding`: the batched, device-resident engine methods that
+`rollout.decoder.Decoder` drives through `PolicyEngine`, apart from
+JetStream's one-request API (jaxcorr/rollout/requests.py):
 
     prefill_batch(prompts, requests)   -> one forward per prompt, a first
                                           token per request (samples of a
                                           prompt share its prefill)
     insert_batch(prefix, state, slots) -> all requests in one scatter
-    decode_chunk(state, stop_ids)      -> up to `decode_chunk` steps in one
+    decode_chunk(state, stop_ids)      -> up to `chunk_steps` steps in one
                                           dispatch (`rollout.decode`)
     compact(state, rows)               -> a smaller batch of the live rows
     refresh_cache(state, contexts)     -> live rows' KV recomputed under the
                                           current weights (in-flight swaps)
 
-`BatchedDecoding` is a mixin: `PolicyEngine.__init__` (rollout/engine.py)
-builds the jitted functions and sizes it reads.
+Inputs are padded to buckets (`rollout.layout`), so each method compiles a
+logarithmic number of shapes. The decode state belongs to the caller; the
+weights are the engine's current ones (`PolicyWeights`) unless given.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxcorr.rollout.decode import Programs
+from jaxcorr.rollout.layout import Layout, bucket_of, pow2_buckets
+from jaxcorr.rollout.policy_weights import PolicyWeights
 from jaxcorr.rollout.state import (
   Chunk,
   DecodeState,
@@ -33,25 +38,20 @@ from jaxcorr.rollout.state import (
 )
 
 
-def pow2_buckets(lo: int, hi: int) -> list[int]:
-  """lo, 2 lo, 4 lo, ... below hi, then hi (a logarithmic number)."""
-  out, b = [], lo
-  while b < hi:
-    out.append(b)
-    b *= 2
-  return [*out, hi]
-
-
-def bucket_of(buckets: Sequence[int], n: int) -> int:
-  """The smallest bucket >= n."""
-  return next(b for b in buckets if b >= n)
-
-
 class BatchedDecoding:
-  """The batched engine methods (module docstring); mixed into
-  `PolicyEngine`, whose constructor sets `_n`, `_max_target`, `params`,
-  `decode_chunk_steps`, `attend_buckets`, the `_*_jit` functions and
-  `_replicate`."""
+  """The batched engine methods (module docstring).
+
+  Args:
+    layout: the engine's sizes.
+    programs: the engine's jitted device functions.
+    weights: the engine's current weights (`refresh_cache` and
+      `decode_chunk` read them at each call).
+  """
+
+  def __init__(
+    self, layout: Layout, programs: Programs, weights: PolicyWeights
+  ):
+    self.layout, self.programs, self.weights = layout, programs, weights
 
   def prefill_batch(
     self,
@@ -66,10 +66,10 @@ class BatchedDecoding:
     `source[m]` with `keys[m]`. Prompts pad to the longest one's bucket and
     R to a power of two, M to N: one compilation per (bucket, R bucket).
     """
-    r, m, n = len(prompts), len(source), self._n
+    r, m, n = len(prompts), len(source), self.layout.slots
     if not 0 < m <= n:
       raise ValueError(f'{m} requests: must be in [1, {n}] (the slots)')
-    pb = self.bucket(max(len(p) for p in prompts))
+    pb = self.layout.bucket(max(len(p) for p in prompts))
     rb = bucket_of(pow2_buckets(1, n), r)
     tokens = np.zeros((rb, pb), np.int32)
     lengths = np.ones((rb,), np.int32)
@@ -82,8 +82,8 @@ class BatchedDecoding:
       [jnp.asarray(keys, jnp.uint32), jnp.zeros((n - m, 2), jnp.uint32)]
     )
     sp = jnp.tile(pack_sampling(sampling_params), (n, 1))
-    return self._prefill_jit(
-      params, *self._replicate(tokens, lengths, src, keys, sp)
+    return self.programs.prefill(
+      params, *self.layout.replicate(tokens, lengths, src, keys, sp)
     )
 
   def insert_batch(
@@ -96,28 +96,18 @@ class BatchedDecoding:
   ) -> DecodeState:
     """Requests of a `prefill_batch` prefix into `slots` (one per request);
     limits: each request's token budget; stop_ids from `stop_array`."""
-    n, m = self._n, len(slots)
+    n, m = self.layout.slots, len(slots)
     if any(not 0 <= s < n for s in slots):
       raise ValueError(f'slots {list(slots)} not all in [0, {n})')
     pad_slots = np.full((n,), n, np.int32)  # slot n: dropped
     pad_slots[:m] = slots
     pad_limits = np.zeros((n,), np.int32)
     pad_limits[:m] = limits
-    return self._insert_jit(
+    return self.programs.insert(
       prefix,
       decode_state,
-      *self._replicate(pad_slots, pad_limits, stop_ids),
+      *self.layout.replicate(pad_slots, pad_limits, stop_ids),
     )
-
-  @staticmethod
-  def stop_array(stop_ids: Sequence[int]) -> jax.Array:
-    """Stop token ids padded with -1 to a power of two (>= 4): few shapes,
-    few compilations."""
-    ids = sorted(set(int(t) for t in stop_ids))
-    size = bucket_of(pow2_buckets(4, max(4, len(ids))), max(1, len(ids)))
-    out = np.full((size,), -1, np.int32)
-    out[: len(ids)] = ids
-    return jnp.asarray(out)
 
   def compact(
     self, decode_state: DecodeState, rows: Sequence[int]
@@ -130,8 +120,8 @@ class BatchedDecoding:
     n = decode_state.tokens.shape[0]
     if not rows or any(not 0 <= r < n for r in rows):
       raise ValueError(f'rows {list(rows)} must be non-empty, in [0, {n})')
-    return self._compact_jit(
-      decode_state, *self._replicate(jnp.asarray(rows, jnp.int32))
+    return self.programs.compact(
+      decode_state, *self.layout.replicate(jnp.asarray(rows, jnp.int32))
     )
 
   def refresh_cache(
@@ -147,23 +137,17 @@ class BatchedDecoding:
     longest = max((len(c) for c in contexts if c), default=0)
     if not longest:
       return decode_state
-    tokens = np.zeros((n, self.attend_bucket(longest)), np.int32)
+    tokens = np.zeros((n, self.layout.attend_bucket(longest)), np.int32)
     live = np.zeros((n,), bool)
     for i, c in enumerate(contexts):
       if c:
         tokens[i, : len(c)] = c
         live[i] = True
-    return self._refill_jit(
-      self.params, decode_state, *self._replicate(tokens, live)
+    return self.programs.refill(
+      self.weights.params,
+      decode_state,
+      *self.layout.replicate(tokens, live),
     )
-
-  def attend_bucket(self, longest: int) -> int:
-    """The attention bucket covering cache slots [0, longest)."""
-    if not 0 < longest <= self._max_target:
-      raise ValueError(
-        f'length {longest} not in [1, max_target_length={self._max_target}]'
-      )
-    return bucket_of(self.attend_buckets, longest)
 
   def decode_chunk(
     self,
@@ -174,20 +158,15 @@ class BatchedDecoding:
     attend_len: int | None = None,
     params: nnx.State | None = None,
   ) -> tuple[DecodeState, Chunk]:
-    """Up to `decode_chunk` steps of every active slot in one dispatch
+    """Up to `chunk_steps` steps of every active slot in one dispatch
     (`rollout.decode.decode_chunk`); leaves early once at most
     `exit_active` slots are active. `attend_len` must cover every live
-    row's last position in the chunk (`attend_bucket`; None: the whole
-    cache)."""
-    return self._chunk_jit(
-      self.params if params is None else params,
+    row's last position in the chunk (`Layout.attend_bucket`; None: the
+    whole cache). `params`: None for the current weights."""
+    return self.programs.chunk(
+      self.weights.params if params is None else params,
       decode_state,
-      *self._replicate(stop_ids, jnp.asarray(exit_active, jnp.int32)),
-      num_steps=self.decode_chunk_steps,
-      attend_len=attend_len or self._max_target,
+      *self.layout.replicate(stop_ids, jnp.asarray(exit_active, jnp.int32)),
+      num_steps=self.layout.chunk_steps,
+      attend_len=attend_len or self.layout.max_target,
     )
-
-
-def take_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
-  """The decode state of slots `rows` (jitted by the engine: `compact`)."""
-  return jax.tree.map(lambda x: x[rows], state)

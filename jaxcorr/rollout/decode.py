@@ -1,4 +1,5 @@
-"""The rollout engine's device functions, jitted by `PolicyEngine`:
+"""The rollout engine's device functions and their jitted forms
+(`Programs`, one set per `PolicyEngine`):
 
     prefill(R prompts [R, Pb], M requests -> their prompt rows)
         one forward over the R prompts; each request draws its first token
@@ -9,11 +10,13 @@
     refill(state, context [N, L], live [N])
         recompute the KV of the live slots' contexts under new weights
         (an in-flight weight update with kv_on_update='recompute')
-    step(state)            one token for every slot (JetStream `generate`)
+    step(state)            one token for every slot
+    generate(state)        `step` packed as JetStream's result type
     decode_chunk(state)    up to C steps in one `lax.while_loop`: sample,
                            both log-probs, stop tokens and length limits on
                            device, results in [N, C] buffers; leaves early
                            when every slot is done or enough are free
+    take_rows(state, rows) the state of some slots (a smaller batch)
 
 `sample_rows` is the one place a token is drawn (prefill and decode both
 call it), so a per-token output such as the kept set goes there.
@@ -25,6 +28,9 @@ attention kernel would go (docs/rollout.md).
 
 from __future__ import annotations
 
+import functools
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -33,7 +39,12 @@ from jaxcorr import sampling
 from jaxcorr.model import KVCache
 from jaxcorr.model.logprobs import replay_logprobs
 from jaxcorr.rollout import kept_set as kept_set_lib
-from jaxcorr.rollout.state import Chunk, DecodeState, Prefix
+from jaxcorr.rollout.state import (
+  Chunk,
+  DecodeState,
+  LogProbResultTokens,
+  Prefix,
+)
 
 
 def sample_rows(keys, logits, sp, kept_capacity: int = 0):
@@ -252,4 +263,64 @@ def decode_chunk(
   kept = kept_set_lib.KeptSet(*buf[3:]) if kept_capacity else None
   return state, Chunk(
     *buf[:3], counts=counts, active=state.active, steps=c, kept=kept
+  )
+
+
+def generate(
+  graphdef, params, state
+) -> tuple[DecodeState, LogProbResultTokens]:
+  """JetStream's `generate`: one `step` of every slot, the token, its
+  validity, the step count and both log-probs (bitcast to int32) in one
+  `LogProbResultTokens` array (one host copy)."""
+  advance = jnp.ones_like(state.active)
+  state, tok, lp, lpt, _ = step(graphdef, params, state, advance)
+  n = tok.shape[0]
+  bits = jax.lax.bitcast_convert_type(jnp.stack([lp, lpt], 1), jnp.int32)
+  data = jnp.concatenate(
+    [tok[:, None], jnp.ones((n, 1), jnp.int32), state.steps[:, None], bits],
+    1,
+  )
+  result = LogProbResultTokens(
+    data=data,
+    tokens_idx=(0, 1),
+    valid_idx=(1, 2),
+    length_idx=(2, 3),
+    samples_per_slot=1,
+  )
+  return state, result
+
+
+def take_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
+  """The decode state of slots `rows`."""
+  return jax.tree.map(lambda x: x[rows], state)
+
+
+class Programs(NamedTuple):
+  """The jitted device functions of one engine (`jit_programs`); each
+  compiles once per input shape. Decode states are donated: the cache is
+  updated in place."""
+
+  prefill: Any
+  insert: Any
+  generate: Any
+  compact: Any
+  refill: Any
+  chunk: Any
+
+
+def jit_programs(graphdef: nnx.GraphDef, kept_capacity: int) -> Programs:
+  """The functions above over one model graph. `kept_capacity` is static:
+  replay on or off is one compilation per engine, never per call."""
+  g, kept = graphdef, kept_capacity
+  return Programs(
+    prefill=jax.jit(functools.partial(prefill, g, kept_capacity=kept)),
+    insert=jax.jit(insert, donate_argnums=(1,)),
+    generate=jax.jit(functools.partial(generate, g), donate_argnums=(1,)),
+    compact=jax.jit(take_rows),
+    refill=jax.jit(functools.partial(refill, g), donate_argnums=(1,)),
+    chunk=jax.jit(
+      functools.partial(decode_chunk, g, kept_capacity=kept),
+      donate_argnums=(1,),
+      static_argnames=('num_steps', 'attend_len'),
+    ),
   )

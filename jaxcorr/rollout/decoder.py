@@ -33,7 +33,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
+from jaxcorr.rollout.engine import PolicyEngine
+from jaxcorr.rollout.state import SamplingParams
 from jaxcorr.rollout.types import FinishReason
 
 _MIN_ROWS = 8  # the smallest batch `_shrink` makes
@@ -146,7 +147,7 @@ class Decoder:
       self.state,
       self.stop_arr,
       exit_active=exit_active,
-      attend_len=engine.attend_bucket(self._reach()),
+      attend_len=engine.layout.attend_bucket(self._reach()),
     )
     out, first = jax.device_get((out, first))  # the one sync per chunk
     for m, (_, req) in enumerate(admitted):
@@ -187,7 +188,7 @@ class Decoder:
     for i, size in enumerate(sizes):
       for smaller in sizes[i + 1 :]:
         states[smaller] = engine.compact(states[size], list(range(smaller)))
-      for bucket in engine.attend_buckets:
+      for bucket in engine.layout.attend_buckets:
         states[size], _ = engine.decode_chunk(  # donates the state
           states[size], self.stop_arr, attend_len=bucket
         )
@@ -238,7 +239,7 @@ class Decoder:
   def _reach(self) -> int:
     """Cache slots a live row may touch in the next chunk: prompt + tokens
     so far (the newest has no cache entry yet) + up to a chunk more."""
-    chunk = self.engine.decode_chunk_steps
+    chunk = self.engine.layout.chunk_steps
     return max(
       len(r.prompt) + min(self.limit, max(len(r.tokens), 1) + chunk) - 1
       for r in self.slots

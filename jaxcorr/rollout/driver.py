@@ -30,7 +30,8 @@ import jax
 import numpy as np
 
 from jaxcorr.rollout.decoder import Decoder, Request
-from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
+from jaxcorr.rollout.engine import PolicyEngine
+from jaxcorr.rollout.state import SamplingParams
 from jaxcorr.rollout.types import RolloutBatch
 
 

@@ -1,18 +1,20 @@
 """`PolicyEngine`: the jaxcorr `Transformer` behind JetStream's `Engine` API,
 with the contract's per-token log-probs (`docs/math/rollout_contract.md`).
 
-JetStream's API, one request or one step at a time:
+The engine is composed of four parts, each in its own module with its own
+state; this class builds them and gives JetStream and the decoder one object:
 
-    prefill(prompt padded to a bucket) -> Prefix (KV cache L x [1,K,Pb,Dh],
-                                                  first token + log-probs)
-    insert(prefix, state, slot)        -> the slot's cache rows, sampling
-                                          params and RNG key replaced
-    generate(params, state)            -> one token for every slot
-
-(a mixin in jaxcorr/rollout/requests.py) and the batched, device-resident
-path the decoder uses (prefill_batch, insert_batch, decode_chunk, compact,
-refresh_cache), a mixin in jaxcorr/rollout/batched.py. This module holds
-the constructor (the jitted functions both mixins call) and the weights.
+    layout     jaxcorr/rollout/layout.py: the fixed sizes (slots, cache
+               length, prefill and attention buckets, chunk length, kept-set
+               width, mesh) and the empty decode state
+    programs   jaxcorr/rollout/decode.py: the jitted device functions
+    weights    jaxcorr/rollout/policy_weights.py: the current params and
+               their policy version
+    requests   jaxcorr/rollout/requests.py: JetStream's one-request API
+               (prefill, insert, generate) and its tokenizer
+    batched    jaxcorr/rollout/batched.py: the batched, device-resident path
+               `rollout.decoder.Decoder` drives (prefill_batch, insert_batch,
+               decode_chunk, compact, refresh_cache)
 
 Per-slot positions: the decode state holds one cache array per layer with
 a slot axis ([N, K, T, Dh]) and a write index per slot, and the model's
@@ -31,17 +33,16 @@ data array, so one host copy still carries everything.
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
-from jetstream.engine import engine_api
 
-from jaxcorr.model import Transformer
-from jaxcorr.rollout import decode
-from jaxcorr.rollout.batched import BatchedDecoding, pow2_buckets, take_rows
+from jaxcorr.model import Transformer, TransformerConfig
+from jaxcorr.rollout import decode, layout
+from jaxcorr.rollout.batched import BatchedDecoding
+from jaxcorr.rollout.policy_weights import PolicyWeights
 from jaxcorr.rollout.requests import RequestDecoding
 from jaxcorr.rollout.state import (
   Chunk,
@@ -50,26 +51,20 @@ from jaxcorr.rollout.state import (
   Prefix,
   SamplingParams,
 )
+from jaxcorr.rollout.tf_startup import quiet_tensorflow_startup
 from jaxcorr.rollout.tokenizer import IdTokenizer
-from jaxcorr.sharding import param_shardings
 
-_MIN_BUCKET = 16
+with quiet_tensorflow_startup():  # JetStream's engine_api imports TensorFlow
+  from jetstream.engine import engine_api, tokenizer_pb2
 
-__all__ = [
-  'Chunk',
-  'DecodeState',
-  'LogProbResultTokens',
-  'PolicyEngine',
-  'Prefix',
-  'SamplingParams',
-]
+__all__ = ['PolicyEngine']
 
 
-class PolicyEngine(BatchedDecoding, RequestDecoding, engine_api.Engine):
+class PolicyEngine(engine_api.Engine):
   """JetStream engine over a jaxcorr `Transformer` (see module docstring).
 
   Args:
-    model: the policy; its params become version 0 (`load_params`).
+    model: the policy; its params become version 0.
     max_concurrent_decodes: decode slots N.
     max_prefill_length: longest prompt; prompts are padded to power-of-two
       buckets up to it (one compilation per bucket).
@@ -106,114 +101,207 @@ class PolicyEngine(BatchedDecoding, RequestDecoding, engine_api.Engine):
     min_attend_bucket: int = 32,
     kept_set_capacity: int = 0,
   ):
-    if max_prefill_length > max_target_length:
-      raise ValueError(
-        f'max_prefill_length={max_prefill_length} exceeds '
-        f'max_target_length={max_target_length}'
-      )
-    if not 0 <= kept_set_capacity <= model.config.vocab_size:
-      raise ValueError(
-        f'kept_set_capacity={kept_set_capacity}; allowed: 0 (off) or an '
-        f'int in [1, vocab_size={model.config.vocab_size}]'
-      )
-    if decode_chunk < 1 or min_attend_bucket < 1:
-      raise ValueError(
-        f'decode_chunk={decode_chunk} and min_attend_bucket='
-        f'{min_attend_bucket} must be >= 1'
-      )
     cfg = model.config
     if dtype is not None:
       cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
-    self.config = cfg
-    self._n = max_concurrent_decodes
-    self._max_prefill = max_prefill_length
-    self._max_target = max_target_length
-    self.decode_chunk_steps = decode_chunk
-    self._mesh = mesh
-    self._tokenizer = tokenizer or IdTokenizer(cfg.vocab_size)
-    self.default_sampling = default_sampling or SamplingParams()
-    self._root_key = jax.random.PRNGKey(seed)
-    self._served = 0  # requests that came without a key
+    self.layout = layout.Layout(
+      config=cfg,
+      slots=max_concurrent_decodes,
+      max_prefill=max_prefill_length,
+      max_target=max_target_length,
+      chunk_steps=decode_chunk,
+      min_attend_bucket=min_attend_bucket,
+      kept_capacity=kept_set_capacity,
+      mesh=mesh,
+    )
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-    self._graphdef, abstract_state = nnx.split(abstract)
-    self._shardings = (
-      None if mesh is None else param_shardings(abstract_state, mesh)
+    graphdef, abstract_state = nnx.split(abstract)
+    self.programs = decode.jit_programs(graphdef, kept_set_capacity)
+    self.weights = PolicyWeights(
+      abstract_state, param_dtype=cfg.param_dtype, mesh=mesh, initial=model
     )
-    self.buckets = pow2_buckets(_MIN_BUCKET, max_prefill_length)
-    self.attend_buckets = pow2_buckets(
-      min(min_attend_bucket, max_target_length), max_target_length
+    self.requests = RequestDecoding(
+      self.layout,
+      self.programs,
+      tokenizer=tokenizer or IdTokenizer(cfg.vocab_size),
+      default_sampling=default_sampling or SamplingParams(),
+      seed=seed,
     )
-    g = self._graphdef
-    # Static: replay on or off is one compilation per engine, never per call.
-    self.kept_set_capacity = kept = kept_set_capacity
-    self._prefill_jit = jax.jit(
-      functools.partial(decode.prefill, g, kept_capacity=kept)
-    )
-    self._insert_jit = jax.jit(decode.insert, donate_argnums=(1,))
-    self._generate_jit = jax.jit(
-      functools.partial(self._generate_fn, g), donate_argnums=(1,)
-    )
-    self._compact_jit = jax.jit(take_rows)
-    self._refill_jit = jax.jit(
-      functools.partial(decode.refill, g), donate_argnums=(1,)
-    )
-    self._chunk_jit = jax.jit(
-      functools.partial(decode.decode_chunk, g, kept_capacity=kept),
-      donate_argnums=(1,),
-      static_argnames=('num_steps', 'attend_len'),
-    )
-    self.params = self.load_params(model)
-    self.policy_version = 0
+    self.batched = BatchedDecoding(self.layout, self.programs, self.weights)
 
-  # ------------------------------------------------------------ params
+  # ------------------------------------------------ sizes and weights
+
+  @property
+  def config(self) -> TransformerConfig:
+    """The model config at the engine's dtype."""
+    return self.layout.config
+
+  @property
+  def kept_set_capacity(self) -> int:
+    return self.layout.kept_capacity
+
+  @property
+  def params(self) -> nnx.State:
+    """The current weights (`PolicyWeights.params`)."""
+    return self.weights.params
+
+  @property
+  def policy_version(self) -> int:
+    return self.weights.version
+
+  def update_params(self, params: Any, version: int | None = None) -> None:
+    """Swap in new weights (same shapes: no recompilation); bump the
+    policy version (or set it)."""
+    self.weights.update(params, version)
+
+  @staticmethod
+  def stop_array(stop_ids: Sequence[int]) -> jax.Array:
+    """Stop token ids padded to few shapes (`layout.stop_array`)."""
+    return layout.stop_array(stop_ids)
+
+  # ----------------------------------------------- JetStream's API
 
   def load_params(self, params: Any = None, *args, **kwargs) -> nnx.State:
     """Trainer params (a `Transformer` or its `nnx.State`) cast to the
     engine dtype and placed on the engine mesh; no argument: the engine's
     current params (what JetStream's server asks for)."""
     del args, kwargs
-    if params is None:
-      return self.params
-    if isinstance(params, nnx.Module):
-      params = nnx.state(params)
-    dtype = self.config.param_dtype
+    return self.params if params is None else self.weights.load(params)
 
-    def cast(x):
-      if jnp.issubdtype(x.dtype, jnp.floating):
-        return x.astype(dtype)
-      return x
+  def init_decode_state(self, *args, **kwargs) -> DecodeState:
+    """Empty slots: zero caches of max_target_length tokens each."""
+    del args, kwargs
+    return self.layout.empty_state()
 
-    params = jax.tree.map(cast, params)
-    if self._shardings is not None:
-      params = jax.device_put(params, self._shardings)
-    return params
+  def pad_prompt(self, prompt: Any) -> tuple[jax.Array, int]:
+    """Token ids -> (right-padded [bucket] int32, true length)."""
+    return self.requests.pad_prompt(prompt)
 
-  def update_params(self, params: Any, version: int | None = None) -> None:
-    """Swap in new weights (same shapes: no recompilation); bump the
-    policy version (or set it)."""
-    self.params = self.load_params(params)
-    self.policy_version = (
-      self.policy_version + 1 if version is None else version
+  def prefill(
+    self,
+    *,
+    params: nnx.State,
+    existing_prefix: Prefix | None = None,
+    padded_tokens: jax.Array,
+    true_length: int,
+    sampling_params: SamplingParams | None = None,
+    key: jax.Array | None = None,
+  ) -> Prefix:
+    """KV cache and first token of one prompt (`padded_tokens` [Pb]); a
+    request without a key gets the next one of the engine's seed."""
+    return self.requests.prefill(
+      params=params,
+      existing_prefix=existing_prefix,
+      padded_tokens=padded_tokens,
+      true_length=true_length,
+      sampling_params=sampling_params,
+      key=key,
     )
 
-  def compile_count(self) -> int:
-    """Compiled variants of the engine's jitted functions so far."""
-    return sum(
-      f._cache_size()
-      for f in (
-        self._prefill_jit,
-        self._insert_jit,
-        self._generate_jit,
-        self._chunk_jit,
-        self._compact_jit,
-        self._refill_jit,
-      )
+  def insert(
+    self, prefix: Prefix, decode_state: DecodeState, slot: int
+  ) -> DecodeState:
+    """Place `prefix` in `slot`."""
+    return self.requests.insert(prefix, decode_state, slot)
+
+  def generate(
+    self, params: nnx.State, decode_state: DecodeState
+  ) -> tuple[DecodeState, LogProbResultTokens]:
+    """One token for every slot (empty slots compute garbage, ignored)."""
+    return self.requests.generate(params, decode_state)
+
+  def get_prefix_destination_sharding(self) -> Any:
+    return None  # prefill and generate share the engine's devices
+
+  def get_tokenizer(self) -> tokenizer_pb2.TokenizerParameters:
+    return tokenizer_pb2.TokenizerParameters(path='jaxcorr-ids')
+
+  def build_tokenizer(self, metadata: tokenizer_pb2.TokenizerParameters):
+    del metadata
+    return self.requests.tokenizer
+
+  @property
+  def max_concurrent_decodes(self) -> int:
+    return self.layout.slots
+
+  @property
+  def samples_per_slot(self) -> int:
+    return 1
+
+  @property
+  def max_prefill_length(self) -> int:
+    return self.layout.max_prefill
+
+  @property
+  def max_target_length(self) -> int:
+    return self.layout.max_target
+
+  @property
+  def mesh(self) -> jax.sharding.Mesh | None:
+    return self.layout.mesh
+
+  @property
+  def colocated_cpus(self) -> None:
+    return None
+
+  # ------------------------------------- the batched path (Decoder's)
+
+  def prefill_batch(
+    self,
+    params: nnx.State,
+    prompts: Sequence[Sequence[int]],
+    source: Sequence[int],
+    keys: jax.Array,
+    sampling_params: SamplingParams,
+  ) -> Prefix:
+    """One forward over `prompts`, a first token per request (request m
+    from prompt `source[m]` with `keys[m]`)."""
+    return self.batched.prefill_batch(
+      params, prompts, source, keys, sampling_params
     )
 
-  def _replicate(self, *xs):
-    """Inputs made on the default device, replicated over the engine mesh
-    (jit refuses arguments committed to different device sets)."""
-    if self._mesh is None:
-      return xs
-    rep = jax.sharding.NamedSharding(self._mesh, jax.sharding.PartitionSpec())
-    return jax.device_put(xs, rep)
+  def insert_batch(
+    self,
+    prefix: Prefix,
+    decode_state: DecodeState,
+    slots: Sequence[int],
+    limits: Sequence[int],
+    stop_ids: jax.Array,
+  ) -> DecodeState:
+    """Requests of a `prefill_batch` prefix into `slots`, with their
+    token budgets `limits`."""
+    return self.batched.insert_batch(
+      prefix, decode_state, slots, limits, stop_ids
+    )
+
+  def decode_chunk(
+    self,
+    decode_state: DecodeState,
+    stop_ids: jax.Array,
+    *,
+    exit_active: int = 0,
+    attend_len: int | None = None,
+    params: nnx.State | None = None,
+  ) -> tuple[DecodeState, Chunk]:
+    """Up to `decode_chunk` steps of every active slot in one dispatch
+    (`BatchedDecoding.decode_chunk`)."""
+    return self.batched.decode_chunk(
+      decode_state,
+      stop_ids,
+      exit_active=exit_active,
+      attend_len=attend_len,
+      params=params,
+    )
+
+  def compact(
+    self, decode_state: DecodeState, rows: Sequence[int]
+  ) -> DecodeState:
+    """`BatchedDecoding.compact`: the state of slots `rows`."""
+    return self.batched.compact(decode_state, rows)
+
+  def refresh_cache(
+    self, decode_state: DecodeState, contexts: Sequence[Sequence[int] | None]
+  ) -> DecodeState:
+    """`BatchedDecoding.refresh_cache`: live rows' caches recomputed under
+    the current weights."""
+    return self.batched.refresh_cache(decode_state, contexts)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxcorr import sampling
 from jaxcorr.losses import masked
@@ -87,18 +86,6 @@ def kept_set(
   )
 
 
-def kept_mask(kept: KeptSet, vocab_size: int) -> jax.Array:
-  """`[..., V]` bool membership of a `KeptSet` (tests, small V only).
-
-  Ids outside [0, V) and entries past `count` are ignored.
-  """
-  c = kept.ids.shape[-1]
-  live = jnp.arange(c) < kept.count[..., None]
-  live &= (kept.ids >= 0) & (kept.ids < vocab_size)
-  hot = jax.nn.one_hot(jnp.where(live, kept.ids, vocab_size), vocab_size + 1)
-  return jnp.any(hot[..., :vocab_size] > 0, axis=-2)
-
-
 def replay_metrics(
   log_kept_mass: jax.Array, kept: KeptSet, mask: jax.Array
 ) -> dict[str, jax.Array]:
@@ -128,37 +115,3 @@ def replay_metrics(
       kept.capped.astype(jnp.float32), mask
     ),
   }
-
-
-def from_ragged(
-  ids: np.ndarray,
-  offsets: np.ndarray,
-  length: int,
-  capacity: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Host-side: a ragged list of kept sets → `(ids [L, C], count, capped)`.
-
-  Token r's set is `ids[offsets[r]:offsets[r + 1]]` (slime's and vLLM's
-  ragged layout, engine order); `offsets` has `length + 1` entries from 0
-  to `len(ids)`. Sets wider than C keep their first C ids (the most
-  probable) and are flagged capped. Malformed input raises ValueError
-  naming the rule (no silent repair: see `rollout/validate.py`).
-  """
-  ids = np.asarray(ids, np.int64)
-  offsets = np.asarray(offsets, np.int64)
-  if offsets.shape != (length + 1,):
-    raise ValueError(
-      f'kept-set offsets: {offsets.shape[0]} entries for {length} tokens; '
-      f'allowed: exactly length + 1 = {length + 1}'
-    )
-  if offsets[0] != 0 or offsets[-1] != ids.size or np.any(np.diff(offsets) < 0):
-    raise ValueError(
-      'kept-set offsets must start at 0, be non-decreasing and end at '
-      f'len(ids)={ids.size}; got {offsets[:3].tolist()}...{offsets[-1]}'
-    )
-  out = np.full((length, capacity), PAD_ID, np.int32)
-  size = np.diff(offsets)
-  for r in range(length):
-    row = ids[offsets[r] : offsets[r + 1]][:capacity]
-    out[r, : row.size] = row
-  return out, np.minimum(size, capacity).astype(np.int32), size > capacity

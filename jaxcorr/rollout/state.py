@@ -10,10 +10,13 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jetstream.engine import engine_api
 
 from jaxcorr.model import KVCache
 from jaxcorr.rollout.kept_set import KeptSet
+from jaxcorr.rollout.tf_startup import quiet_tensorflow_startup
+
+with quiet_tensorflow_startup():  # JetStream's engine_api imports TensorFlow
+  from jetstream.engine import engine_api
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from jetstream.engine import token_utils, tokenizer_api
+
+from jaxcorr.rollout.tf_startup import quiet_tensorflow_startup
+
+with quiet_tensorflow_startup():  # JetStream's token_utils imports TensorFlow
+  from jetstream.engine import token_utils, tokenizer_api
 
 
 class IdTokenizer(tokenizer_api.Tokenizer):

@@ -33,9 +33,10 @@ Retention: `save` writes when `should_save(step)` (`step % every == 0`) or
 when forced, then Orbax deletes all but the newest `keep` steps. A step that
 exists already is never overwritten (`save` returns False).
 
-This module holds `Checkpointer` (queries, saving, closing);
-jaxcorr/train/checkpoints/tree.py the on-disk tree form and
-jaxcorr/train/checkpoints/restore.py the restore methods it mixes in.
+This module holds `Checkpointer` (queries, saving, closing); it restores
+through a `Restorer` (jaxcorr/train/checkpoints/restore.py: the fallback to
+an older step, partial restores) and writes the on-disk tree form of
+jaxcorr/train/checkpoints/tree.py.
 """
 
 from __future__ import annotations
@@ -48,15 +49,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
-from jaxcorr.train.checkpoints.restore import (  # noqa: F401 (re-exported)
-  CheckpointError,
-  CheckpointRestore,
-)
-from jaxcorr.train.checkpoints.tree import (  # noqa: F401 (re-exported)
-  abstract_like,
-  jsonable,
-  to_pure,
-)
+from jaxcorr.train.checkpoints.restore import Restorer
+from jaxcorr.train.checkpoints.tree import jsonable, to_pure
 
 
 def _local_path(directory: str) -> str:
@@ -66,7 +60,7 @@ def _local_path(directory: str) -> str:
   return os.path.abspath(os.path.expanduser(directory))
 
 
-class Checkpointer(CheckpointRestore):
+class Checkpointer:
   """Saves and restores `(state, meta)` per step (module doc).
 
   Every process of a multi-host job must make the same calls in the same
@@ -116,6 +110,7 @@ class Checkpointer(CheckpointRestore):
     self._manager = ocp.CheckpointManager(
       self.directory, options=options, item_names=('state', 'meta')
     )
+    self._restorer = Restorer(self.directory, self._manager)
     self._closed = False
 
   # ------------------------------------------------------------ queries
@@ -188,6 +183,30 @@ class Checkpointer(CheckpointRestore):
   def wait(self) -> None:
     """Block until every started save is committed."""
     self._manager.wait_until_finished()
+
+  # ------------------------------------------------------------ restore
+
+  def restore(
+    self, abstract_state: Any, step: int | None = None
+  ) -> tuple[Any, dict[str, Any]]:
+    """`(state, meta)` of step `step` (None: the newest intact step, older
+    ones tried when the newest cannot be read): `Restorer.restore`.
+
+    `abstract_state` (`tree.abstract_like(state)`) gives the tree
+    structure, dtypes and target shardings. Raises FileNotFoundError when
+    the step is absent and `CheckpointRestoreError` (one line) when no
+    step can be read.
+    """
+    return self._restorer.restore(abstract_state, self.all_steps(), step)
+
+  def restore_subtree(
+    self, path: tuple[str, ...], abstract: Any, step: int | None = None
+  ) -> tuple[Any, dict[str, Any], int]:
+    """`(value, meta, step)`: the sub-tree at `path` of the saved state
+    (`Restorer.restore_subtree`); `step=None`: the latest."""
+    return self._restorer.restore_subtree(
+      path, abstract, self.all_steps(), step
+    )
 
   # ------------------------------------------------------------ closing
 

@@ -6,8 +6,8 @@ are never awaited. When Python frees them (at the next garbage collection,
 or at exit), asyncio logs each one, "Task exception was never retrieved"
 with its whole TensorStore spec, and TensorStore's callbacks into the closed
 event loop print "Event loop is closed" tracebacks. A damaged step's
-one-line `CheckpointError` ended up under hundreds of lines of traces for a
-tiny model, thousands for a real one.
+one-line `CheckpointRestoreError` ended up under hundreds of lines of traces
+for a tiny model, thousands for a real one.
 
 `install()`, called before each restore, drops only those leftovers:
 asyncio's never-retrieved records whose exception came from Orbax or

@@ -1,11 +1,13 @@
-"""Restoring checkpoints: the restore half of `Checkpointer`
-(jaxcorr/train/checkpoints/checkpointer.py), with the fallback to an older step when the
-newest cannot be read, and partial restores (`restore_subtree`).
+"""Restoring checkpoints: `Restorer`, the helper `Checkpointer`
+(jaxcorr/train/checkpoints/checkpointer.py) reads steps back with, including
+the fallback to an older step when the newest cannot be read, and partial
+restores (`restore_subtree`). A step that cannot be read raises
+`CheckpointRestoreError`, in one line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -17,8 +19,14 @@ from jaxcorr.train.checkpoints import failed_restore
 from jaxcorr.train.checkpoints.tree import check_target, from_pure, to_pure
 
 
-class CheckpointError(ValueError):
-  """A checkpoint step that cannot be read, in one line."""
+class CheckpointRestoreError(ValueError):
+  """A training checkpoint step that cannot be restored, in one line (a
+  damaged step, or a restore target of another layout).
+
+  Not to be confused with `jaxcorr.model.hf_io.WeightsMismatchError`, a
+  Hugging Face weights directory that does not match its config; both are
+  ValueErrors, the one base they share.
+  """
 
 
 def _one_line(e: BaseException, limit: int = 400) -> str:
@@ -29,15 +37,31 @@ def _one_line(e: BaseException, limit: int = 400) -> str:
   return text if len(text) <= limit else text[: limit - 3] + '...'
 
 
-class CheckpointRestore:
-  """`Checkpointer`'s restore methods; mixed into `Checkpointer`, whose
-  constructor sets `directory` and `_manager` and which provides
-  `all_steps`."""
+class Restorer:
+  """Reads steps of one checkpoint directory back (module docstring).
+
+  Args:
+    directory: the checkpoint root, for messages and renaming unreadable
+      steps.
+    manager: the Orbax `CheckpointManager` of `directory` (the
+      `Checkpointer`'s, shared: saves and restores go through one manager).
+
+  The caller passes the committed steps (`Checkpointer.all_steps`, which
+  waits for pending saves first) to each call.
+  """
+
+  def __init__(self, directory: str, manager: ocp.CheckpointManager):
+    self.directory = directory
+    self._manager = manager
 
   def restore(
-    self, abstract_state: Any, step: int | None = None
+    self,
+    abstract_state: Any,
+    steps: Sequence[int],
+    step: int | None = None,
   ) -> tuple[Any, dict[str, Any]]:
-    """`(state, meta)` of step `step` (None: the newest intact step).
+    """`(state, meta)` of step `step` (None: the newest intact step) among
+    the committed `steps` (oldest first).
 
     `abstract_state` gives the tree structure, dtypes and target shardings
     (`abstract_like(state)`); arrays are read straight into those shardings,
@@ -54,10 +78,9 @@ class CheckpointRestore:
     `<step>.unreadable` (kept for inspection, no longer a step, so the
     resumed run can save that step again). When no step can be restored (a
     damaged directory, or a target of another layout), the error is the
-    newest step's, in one line (`CheckpointError`, a ValueError), and
-    nothing is renamed.
+    newest step's, in one line (`CheckpointRestoreError`, a ValueError),
+    and nothing is renamed.
     """
-    steps = self.all_steps()
     if step is not None:
       if step not in steps:
         raise FileNotFoundError(
@@ -67,11 +90,11 @@ class CheckpointRestore:
     if not steps:
       raise FileNotFoundError(f'no checkpoint in {self.directory}')
     check_target(abstract_state)
-    failed: list[tuple[int, CheckpointError]] = []
+    failed: list[tuple[int, CheckpointRestoreError]] = []
     for s in reversed(steps):
       try:
         out = self._restore_step(abstract_state, s)
-      except CheckpointError as e:
+      except CheckpointRestoreError as e:
         failed.append((s, e))
         logging.warning('%s; trying an older step', e)
         continue
@@ -87,7 +110,7 @@ class CheckpointRestore:
       return out
     if len(failed) == 1:
       raise failed[0][1]
-    raise CheckpointError(
+    raise CheckpointRestoreError(
       f'{failed[0][1]} (and every older step: {[b for b, _ in failed[1:]]})'
     )
 
@@ -109,7 +132,7 @@ class CheckpointRestore:
         raise ValueError(f'meta is {type(meta).__name__}, not a JSON object')
     except Exception as e:  # orbax / tensorstore / json: one line (doc)
       failed_restore.discard_leftovers(e)
-      raise CheckpointError(
+      raise CheckpointRestoreError(
         f'restoring checkpoint step {step} of {self.directory} failed: '
         f'{type(e).__name__}: {_one_line(e)}'
       ) from None
@@ -128,14 +151,17 @@ class CheckpointRestore:
     self._manager.reload()
 
   def restore_subtree(
-    self, path: tuple[str, ...], abstract: Any, step: int | None = None
+    self,
+    path: tuple[str, ...],
+    abstract: Any,
+    steps: Sequence[int],
+    step: int | None = None,
   ) -> tuple[Any, dict[str, Any], int]:
     """`(value, meta, step)`: the sub-tree at `path` of the saved state
     (e.g. `('state', 'params')`, the policy of the trainer's `{'state':
     TrainState, 'ref': ...}`) without the rest, for readers that have no
-    full restore target (`jaxcorr.export`). `step=None`: the latest. The
-    same one-line `CheckpointError` as `restore`."""
-    steps = self.all_steps()
+    full restore target (`jaxcorr.export`). `step=None`: the latest of
+    `steps`. The same one-line `CheckpointRestoreError` as `restore`."""
     if not steps:
       raise FileNotFoundError(f'no checkpoint in {self.directory}')
     if step is None:
@@ -163,7 +189,7 @@ class CheckpointRestore:
       )
     except Exception as e:  # orbax / tensorstore / json: one line
       failed_restore.discard_leftovers(e)
-      raise CheckpointError(
+      raise CheckpointRestoreError(
         f'restoring {"/".join(path)} of checkpoint step {step} of '
         f'{self.directory} '
         f'failed: {type(e).__name__}: {_one_line(e)}'

@@ -17,7 +17,8 @@ import dataclasses
 import os
 from typing import Any
 
-from jaxcorr.train.checkpoints import checkpointer as checkpoint
+from jaxcorr.train.checkpoints.checkpointer import Checkpointer
+from jaxcorr.train.checkpoints.tree import abstract_like
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.state import TrainState
 
@@ -48,7 +49,7 @@ class RunCheckpoints:
     self.run = run
     self.config_name = config_name
     self.process_count = process_count
-    self.checkpointer = checkpoint.Checkpointer(
+    self.checkpointer = Checkpointer(
       os.path.join(workdir, 'checkpoints'),
       every=run.train.checkpoint_every,
       keep=run.train.keep_checkpoints,
@@ -81,7 +82,7 @@ class RunCheckpoints:
       return None
     ref_like = state.params if self.run.needs_ref else None
     tree = {'state': state, 'ref': ref_like}
-    abstract = checkpoint.abstract_like(tree)
+    abstract = abstract_like(tree)
     tree, meta = self.checkpointer.restore(abstract, step=step)
     progress = Progress(
       step=int(meta['step']),

@@ -64,7 +64,7 @@ import jax
 
 from jaxcorr.rollout import driver
 from jaxcorr.rollout.decoder import Decoder, Request
-from jaxcorr.rollout.engine import SamplingParams
+from jaxcorr.rollout.state import SamplingParams
 from jaxcorr.train.rollouts.stage import RolloutStage, Scored, step_seed
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.tracker.reduction import Metric, Metrics
