@@ -6,11 +6,13 @@ them with weights, `'math_answer:1.0,format:0.1'`, and `RewardScorer` sums
 them per row. User code adds its own with `@register('name')` in any module
 the config file imports.
 
+* `config`: `RewardConfig`, the trainer's `reward` section;
 * `registry`: `REWARDS`, `register`, the built-in rewards, `parse_spec`;
 * `answers`: final-answer extraction and numeric comparison;
 * `workers`: daemon threads whose stuck calls are abandoned and replaced;
 * `scorer`: `RewardScorer` (timeouts, per-step budget, float32 checks,
-  failure metrics) and `check_rewards`.
+  failure metrics), `check_spec` (the start-up check of a spec) and
+  `check_rewards`.
 """
 
 from jaxcorr.rewards.answers import (
@@ -19,6 +21,7 @@ from jaxcorr.rewards.answers import (
   last_boxed,
   to_number,
 )
+from jaxcorr.rewards.config import RewardConfig
 from jaxcorr.rewards.registry import (
   REWARDS,
   RewardFn,
@@ -32,15 +35,18 @@ from jaxcorr.rewards.scorer import (
   MAX_STUCK,
   RewardScorer,
   check_rewards,
+  check_spec,
 )
 
 __all__ = [
   'MAX_STUCK',
   'REWARDS',
+  'RewardConfig',
   'RewardFn',
   'RewardScorer',
   'answers_match',
   'check_rewards',
+  'check_spec',
   'exact_match',
   'extract_answer',
   'format_reward',
