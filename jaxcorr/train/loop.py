@@ -53,19 +53,16 @@ from jaxcorr.train.tracker import metrics, reduction
 
 
 class Trainer:
-  """One run of `jaxcorr.main` (see the module docstring).
-
-  From a ConfigDict (notebooks, benchmarks, tests), in one line::
-
-    trainer = Trainer.from_config(config, workdir)
+  """One run of `jaxcorr.main` (see the module docstring). From a
+  ConfigDict (notebooks, benchmarks, tests), in one line:
+  `Trainer.from_config(config, workdir)`.
 
   Args:
     run: the validated run, `jaxcorr.train.build.build(config)`; the
       Trainer does not check it again.
     workdir: checkpoints, metrics.jsonl and TensorBoard files.
-    config: the locked ConfigDict `run` was built from (task config +
-      preset + overrides): written to `workdir`/config.json, and compared
-      with the one saved there on resume.
+    config: the locked ConfigDict `run` was built from: written to
+      `workdir`/config.json, and compared with the saved one on resume.
     config_name: the config string, recorded in checkpoints and logs.
     read_only: build and restore only: write no config, metrics or
       checkpoints.
@@ -150,11 +147,8 @@ class Trainer:
     self._loader_state = self.loader.state()
 
   @classmethod
-  def from_config(
-    cls, config: ml_collections.ConfigDict, workdir: str, **kwargs: Any
-  ) -> Trainer:
-    """`Trainer(build.build(config), workdir, config=config, **kwargs)`:
-    builds and validates `config` once, then the Trainer."""
+  def from_config(cls, config, workdir: str, **kwargs: Any) -> Trainer:
+    """Builds and validates `config` (a ConfigDict) once, then the Trainer."""
     return cls(build.build(config), workdir, config=config, **kwargs)
 
   # ----------------------------------------------------------- weights
