@@ -39,7 +39,7 @@ def test_second_process_is_refused_while_the_first_holds_the_lock(tmp_path):
       textwrap.dedent(f"""
         import sys
         from configs import arith_tiny
-        from jaxcorr.train import workdir
+        from jaxcorr.train.checkpoints import workdir
         claim = workdir.claim({str(tmp_path)!r}, arith_tiny.get_config())
         print('claimed', flush=True)
         sys.stdin.readline()
