@@ -5,7 +5,8 @@ from it.
                 └ build_policy ─ Policy (module, graphdef, param shardings)
 
 `transformer_config` is the one mapping from the section to the model's
-`TransformerConfig`: the trainer builds the policy with it and
+`TransformerConfig`: `build_policy` initialises a scratch policy from it
+(and loads a HF one with the same options, `_hf_options`), and
 `jaxcorr.export` rebuilds the same shapes from a run's config.json with it.
 """
 
