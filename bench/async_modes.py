@@ -198,7 +198,7 @@ def main() -> None:
   rows = {m: [] for m in MODES}
   with tempfile.TemporaryDirectory() as tmp:
     trainers = {
-      m: Trainer(make_config(args, m), f'{tmp}/{m}', config_name=m)
+      m: Trainer.from_config(make_config(args, m), f'{tmp}/{m}', config_name=m)
       for m in MODES
     }
     for t in trainers.values():

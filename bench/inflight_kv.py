@@ -58,7 +58,7 @@ def run(kv: str, seed: int, steps: int, workdir: pathlib.Path) -> list[dict]:
   c.train.eval_every = 0
   c.train.checkpoint_every = 0
   c.train.tensorboard = False
-  trainer = Trainer(c, str(workdir), config_name='bench')
+  trainer = Trainer.from_config(c, str(workdir), config_name='bench')
   trainer.train()
   trainer.close()
   with open(workdir / 'metrics.jsonl') as f:

@@ -41,7 +41,7 @@ def step_split(preset: str, steps: int, prompts: int, samples: int) -> None:
   config.train.checkpoint_every = 0
   rows = []
   with tempfile.TemporaryDirectory() as workdir:
-    trainer = Trainer(config, workdir)
+    trainer = Trainer.from_config(config, workdir)
     cfg = trainer.model_cfg
     # The trainer's own sync rollout source: sampling and weight pushes.
     source = make_rollouts(

@@ -27,8 +27,8 @@ import jax.numpy as jnp
 
 from configs import arith_tiny
 from jaxcorr.train.loop import Trainer
+from jaxcorr.train.policy import transformer_config
 from jaxcorr.train.rollouts.source import SyncRollouts
-from jaxcorr.train.setup import model_config
 from jaxcorr.train.tracker.reduction import values
 
 
@@ -79,8 +79,8 @@ def main() -> None:
   config.train.checkpoint_every = 0
   config.train.tensorboard = False
   with tempfile.TemporaryDirectory() as workdir:
-    trainer = Trainer(config, workdir)
-    cfg = model_config(trainer.run)
+    trainer = Trainer.from_config(config, workdir)
+    cfg = transformer_config(trainer.run.model)
     rows = []
     trainer.save(force=True)
     source = SyncRollouts(

@@ -4,7 +4,7 @@
 `AdvantageConfig` (`jaxcorr/losses/advantages.py`), `KLControlConfig`
 (`jaxcorr/losses/rewards.py`) and `AlgorithmConfig.kl_penalty`
 (`jaxcorr/train/run_config.py`); `configs/base.py` assigns
-`config.algorithm = algorithm_section()`, and `jaxcorr.config.convert`
+`config.algorithm = algorithm_section()`, and `jaxcorr.train.build.algorithm`
 turns it back into the frozen `AlgorithmConfig` at start-up (a `ValueError`
 naming `config.algorithm.<field>`, the value and the allowed values).
 
@@ -23,6 +23,18 @@ Recipes (docs/math/advantages.md §5)::
 
 from __future__ import annotations
 
-from jaxcorr.config.convert import algorithm_section
+import ml_collections
 
-__all__ = ['algorithm_section']
+from jaxcorr.config.convert import section
+from jaxcorr.losses.advantages import AdvantageConfig
+from jaxcorr.losses.rewards import KLControlConfig
+from jaxcorr.train.run_config import AlgorithmConfig
+
+
+def algorithm_section() -> ml_collections.ConfigDict:
+  """`config.algorithm`: the `AdvantageConfig` fields, `kl_penalty`, and the
+  `kl_in_reward` section (`KLControlConfig` plus its switch, off)."""
+  out = section(AdvantageConfig)
+  out.update(section(AlgorithmConfig))
+  out.kl_in_reward = section(KLControlConfig, switch=False)
+  return out

@@ -20,18 +20,17 @@ Sections:
 * `model`, `data`, `rollout`, `reward`, `train`, `optim`, `critic`, `mesh`:
   the trainer (`configs/trainer.py`, docs/training.md).
 
-Decision: the issue that asked for these configs calls the actor section
-"loss"; the spec calls its fields `actor.*` (`actor.policy_loss`,
-`actor.rollout_kl_coef` in the preset table), so the section is `actor`. The
-critic has its own section (`configs/trainer.py`).
+The actor section is named `actor` because docs/math/correction.md §6 names
+its fields so (`actor.policy_loss`, `actor.rollout_kl_coef` in the preset
+table). The critic has its own section (`configs/trainer.py`).
 
 Conventions:
 
 * Every field (name, default, allowed values, doc) is declared once, on its
   frozen dataclass: `CorrectionConfig` (jaxcorr/losses/correction_config.py),
   `ActorLossConfig` and the `PolicyKnobs` it inherits
-  (jaxcorr/losses/objective.py, policy_base.py), and the trainer sections
-  (`configs/trainer.py`). The sections here are derived from them
+  (jaxcorr/losses/objective_config.py, policy_base.py), and the trainer
+  sections (`configs/trainer.py`). The sections here are derived from them
   (`jaxcorr.config.convert.section`); `correction.enabled` is the switch.
 * Fields that may be None are typed placeholders
   (`config_dict.placeholder(float)`), so a CLI override such as
@@ -43,7 +42,7 @@ Conventions:
 * `correction.rs` and `correction.rs_bounds` are verl's comma-separated
   strings (`'token_k1,seq_max_k3'`, `'0.5_2.0,0.01'`); `''` means none.
 * The config is locked: a typo in an override fails instead of adding a key.
-* `jaxcorr.config.convert.build(config)` turns the sections into the frozen
+* `jaxcorr.train.build.build(config)` turns the sections into the frozen
   dataclasses and runs every validation at start-up.
 
 To extend: add a `setting` to the dataclass that owns the field; its
@@ -62,7 +61,7 @@ from configs import presets, trainer
 from configs.algorithm import algorithm_section
 from jaxcorr.config.convert import section
 from jaxcorr.losses.correction_config import CorrectionConfig
-from jaxcorr.losses.objective import ActorLossConfig
+from jaxcorr.losses.objective_config import ActorLossConfig
 
 
 def correction_section() -> ml_collections.ConfigDict:

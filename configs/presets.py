@@ -113,7 +113,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     'actor.policy_loss': 'prime',
     'actor.agg': 'token_mean',
   },
-  # ------------------------------------- 2026 stale-data losses (issue 17)
+  # --------------------- stale-data losses (docs/correction.md §2, the
+  # estimators for stale data)
   # Knobs at their references' defaults (policy_base.PolicyKnobs).
   'decoupled_m2po': {**_DEC, 'actor.policy_loss': 'm2po'},
   'decoupled_topr': {**_DEC, 'actor.policy_loss': 'topr'},

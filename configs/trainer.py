@@ -1,15 +1,20 @@
 """The trainer's config sections: model, data, rollout, reward, train, optim,
 critic, mesh.
 
-Each field (name, default, allowed values, doc) is declared once, on its
-frozen dataclass in `jaxcorr/train/run_config.py` (`MeshConfig` in
-`jaxcorr/sharding.py`); these sections are derived from them.
-`configs/base.py` assigns each of them in `base_config`; a task config
-(`configs/arith_tiny.py`, `configs/gsm8k_qwen.py`, ...) changes their
-values, never their keys. `jaxcorr.config.convert.build` turns them back
-into the dataclasses at start-up and validates every field there (a
-`ValueError` naming `config.<section>.<field>`, the value and the allowed
-values).
+Each field (name, default, allowed values, doc) is declared once, on the
+frozen dataclass of its section, beside the code it configures;
+`jaxcorr.train.build.SECTIONS` maps each section to its class (`ModelConfig`
+in jaxcorr/train/policy.py, `DataConfig` in jaxcorr/data/config.py,
+`RolloutConfig` in jaxcorr/train/rollouts/config.py, `RewardConfig` in
+jaxcorr/rewards/config.py, `TrainConfig` in jaxcorr/train/run_config.py,
+`OptimConfig` in jaxcorr/train/state.py, `CriticConfig` in
+jaxcorr/train/critic.py, `MeshConfig` in jaxcorr/sharding.py); these
+sections are derived from them. `configs/base.py` assigns each of them in
+`base_config`; a task config (`configs/arith_tiny.py`,
+`configs/gsm8k_qwen.py`, ...) changes their values, never their keys.
+`jaxcorr.train.build.build` turns them back into the dataclasses at
+start-up and validates every field there (a `ValueError` naming
+`config.<section>.<field>`, the value and the allowed values).
 """
 
 from __future__ import annotations
@@ -17,11 +22,7 @@ from __future__ import annotations
 import ml_collections
 
 from jaxcorr.config.convert import section
-from jaxcorr.sharding import MeshConfig
-from jaxcorr.train import run_config
-
-SECTIONS = {**run_config.SECTIONS, 'mesh': MeshConfig}
-"""Section name -> the dataclass that declares its fields."""
+from jaxcorr.train.build import SECTIONS
 
 
 def sections() -> dict[str, ml_collections.ConfigDict]:

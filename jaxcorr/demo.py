@@ -28,9 +28,9 @@ from ml_collections import config_flags
 
 from configs import base as base_config
 from configs import presets
-from jaxcorr.config import convert
 from jaxcorr.losses import advantages, objective, rewards
 from jaxcorr.losses import correction as corr_lib
+from jaxcorr.train import build
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config',
@@ -162,7 +162,7 @@ COLUMNS = (
 
 
 def run(name: str, config, batch: dict) -> str:
-  cfgs = convert.losses(config)
+  cfgs = build.losses(config)
   step = make_step(cfgs.actor, cfgs.correction)
   loss, gnorm, metrics = step(batch)  # compile + run
   t0 = time.perf_counter()

@@ -6,7 +6,8 @@
 
 Reads the run's model section from `<workdir>/config.json` (written by
 `jaxcorr.main` once the run started, with every override applied), builds
-the model's shapes, and restores only the policy's params of the latest (or
+the model's shapes with the trainer's own mapping
+(`jaxcorr.train.policy.transformer_config`), and restores only the policy's params of the latest (or
 `--step`) checkpoint onto one device: no Trainer, no data, no reward
 registry, no optimizer state. Then writes config.json + safetensors that
 `transformers` loads (`jaxcorr.model.save_hf`), with the tokenizer's end
@@ -26,6 +27,7 @@ replaced).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Sequence
@@ -48,24 +50,6 @@ _FORCE = flags.DEFINE_bool(
 )
 
 CONFIG_FILE = 'config.json'
-
-# config.model fields that are TransformerConfig fields of a scratch model.
-_SCRATCH_FIELDS = (
-  'vocab_size',
-  'hidden_size',
-  'intermediate_size',
-  'num_layers',
-  'num_heads',
-  'num_kv_heads',
-  'tie_embeddings',
-  'rope_theta',
-  'max_position_embeddings',
-  'initializer_range',
-  'dtype',
-  'param_dtype',
-  'remat',
-  'scan_layers',
-)
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
@@ -119,29 +103,28 @@ def check_out(workdir: str, out: str, *, force: bool = False) -> None:
 
 
 def model_config(config: Any) -> Any:
-  """The policy's `TransformerConfig` from a run config's model section,
-  with the run tokenizer's special ids (module doc)."""
-  from jaxcorr.model import TransformerConfig
+  """The policy's `TransformerConfig` from a run config's model section
+  (checked, and mapped as the trainer maps it), with the run tokenizer's
+  special ids (module doc). Only `config.model` is read: the run's data
+  and reward functions need not exist here."""
+  from jaxcorr.config import convert
+  from jaxcorr.data.text import make_tokenizer
+  from jaxcorr.train.policy import ModelConfig, transformer_config
 
-  m = config.model
-  if m.hf_path:
-    if not os.path.isdir(m.hf_path):
-      raise FileNotFoundError(
-        f"config.model.hf_path={m.hf_path!r} (the run's base model) is "
-        'gone: its config.json holds the architecture to export'
-      )
-    return TransformerConfig.from_hf_config(
-      m.hf_path,
-      param_dtype=m.param_dtype,
-      dtype=m.dtype,
-      remat=m.remat,
-      scan_layers=m.scan_layers,
+  model = convert.build(
+    ModelConfig, 'config.model', convert.values(config.model)
+  )
+  if model.hf_path and not os.path.isdir(model.hf_path):
+    raise FileNotFoundError(
+      f"config.model.hf_path={model.hf_path!r} (the run's base model) is "
+      'gone: its config.json holds the architecture to export'
     )
-  from jaxcorr.data.tasks import CharTokenizer
-
-  tok = CharTokenizer()
-  return TransformerConfig(
-    **{k: m[k] for k in _SCRATCH_FIELDS},
+  cfg = transformer_config(model)
+  if model.hf_path:
+    return cfg
+  tok = make_tokenizer('', cfg)
+  return dataclasses.replace(
+    cfg,
     bos_token_id=tok.bos_id,
     eos_token_id=tok.eos_id,
     pad_token_id=tok.pad_id,

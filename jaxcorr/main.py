@@ -8,8 +8,8 @@
 
 `--config` is `file[:config string]`; the config is locked, so a typo in an
 override (`--config.train.num_step=5`) fails before anything runs, and
-`jaxcorr.train.run_config.build` validates every field and combination at
-start-up. Re-running with the same `--workdir` resumes from its latest
+`jaxcorr.train.build.build` validates every field and combination once, at
+start-up, before any device work; the `Trainer` takes the result. Re-running with the same `--workdir` resumes from its latest
 checkpoint; a changed config is refused unless `--allow_config_change`, and
 a second trainer on a workdir in use is refused (`jaxcorr.train.checkpoints.workdir`).
 Multi-process runs: see `jaxcorr.distributed` and docs/tpu.md.
@@ -62,12 +62,12 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   console.quiet_libraries()
   from jaxcorr import distributed
-  from jaxcorr.train import run_config
+  from jaxcorr.train import build
 
   try:
-    # Validated here as well as in Trainer so that a bad field is a usage
-    # message before jax.distributed, device or file work.
-    run_config.build(_CONFIG.value)
+    # Before jax.distributed, device or file work: a bad field is a usage
+    # message.
+    run = build.build(_CONFIG.value)
     distributed.initialize_from_flags()
   except ValueError as e:
     raise app.UsageError(str(e)) from e
@@ -77,8 +77,9 @@ def main(argv: Sequence[str]) -> None:
 
   try:
     trainer = Trainer(
-      _CONFIG.value,
+      run,
       _WORKDIR.value,
+      config=_CONFIG.value,
       config_name=_config_name(sys.argv),
       allow_config_change=_ALLOW_CHANGE.value,
     )

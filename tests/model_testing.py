@@ -166,11 +166,11 @@ def fresh_train_state(run, mesh, *, sharded: bool = False):
   feed `Steps.prepare` / `RLStep` directly, without `setup.make_state`
   (`sharded`: the params initialised on `mesh`, else on one device)."""
   from jaxcorr.losses import rewards
-  from jaxcorr.train.setup import model_config
+  from jaxcorr.train.policy import transformer_config
   from jaxcorr.train.state import TrainState, make_optimizer
   from jaxcorr.train.step import Steps
 
-  cfg = model_config(run)
+  cfg = transformer_config(run.model)
   if sharded:  # params laid out on `mesh` by their logical axes
     model = sharding.init_sharded(
       lambda: Transformer(cfg, rngs=nnx.Rngs(0)), mesh

@@ -224,7 +224,7 @@ def main(argv: list[str]) -> None:
   for workdir in args.workdir:
     run = os.path.basename(os.path.normpath(workdir))
     config = apply_overrides(base, args.set, run)
-    trainer = Trainer(config, workdir, config_name=name)
+    trainer = Trainer.from_config(config, workdir, config_name=name)
     if args.rollouts:
       record_rollouts(trainer, run, rollouts)
     if args.preempt.rpartition(':')[0] == run:

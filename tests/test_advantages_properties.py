@@ -37,10 +37,12 @@ from ml_collections import config_flags
 
 from configs import algorithm as algo_section
 from configs import base
-from jaxcorr.config import convert, fields
+from jaxcorr.config import fields
 from jaxcorr.losses import advantages as adv_lib
 from jaxcorr.losses import kl as kl_lib
 from jaxcorr.losses import rewards as rw
+from jaxcorr.train import build
+from jaxcorr.train.run_config import AlgorithmConfig
 
 B, T = 8, 12
 ESTIMATORS = adv_lib.ESTIMATORS
@@ -622,8 +624,8 @@ def _section(**over):
 
 
 def test_algorithm_section_defaults_build():
-  built = convert.algorithm(_section())
-  assert built == convert.AlgorithmConfig()
+  built = build.algorithm(_section())
+  assert built == AlgorithmConfig()
   assert built.advantage == AC() and built.kl_in_reward is None
   assert built.kl_penalty == 'k1'
   cd = _section(
@@ -634,11 +636,11 @@ def test_algorithm_section_defaults_build():
     kl_in_reward__enabled=True,
     kl_in_reward__type='adaptive',
   )
-  built = convert.algorithm(cd)
+  built = build.algorithm(cd)
   assert built.advantage == AC(estimator='gae', gamma=0.99, lam=0.95)
   assert built.kl_in_reward == KC(type='adaptive')
   assert built.kl_penalty == 'k3+'
-  assert convert.algorithm(cd.algorithm) == built  # the section alone
+  assert build.algorithm(cd.algorithm) == built  # the section alone
   assert hash(built)
 
 
@@ -670,30 +672,30 @@ def test_algorithm_section_defaults_build():
 )
 def test_algorithm_section_errors_name_the_field(over, match):
   with pytest.raises(ValueError, match=match):
-    convert.algorithm(_section(**over))
+    build.algorithm(_section(**over))
 
 
 def test_algorithm_converter_rejects_unknown_fields():
   values = _section().algorithm.to_dict()
   values['gama'] = 0.9
   with pytest.raises(ValueError, match=r'config\.algorithm.*unknown.*gama'):
-    convert.algorithm(values)
+    build.algorithm(values)
   values = _section().algorithm.to_dict()
   values['kl_in_reward']['coef'] = 0.1
   with pytest.raises(ValueError, match=r'kl_in_reward.*unknown.*coef'):
-    convert.algorithm(values)
+    build.algorithm(values)
   values = _section().algorithm.to_dict()
   values['kl_in_reward']['enabled'] = 'yes'
   with pytest.raises(ValueError, match=r'kl_in_reward\.enabled.*True, False'):
-    convert.algorithm(values)
+    build.algorithm(values)
 
 
 def test_startup_checks():
-  passk = convert.algorithm(_section(estimator='grpo_passk'))
+  passk = build.algorithm(_section(estimator='grpo_passk'))
   with pytest.raises(ValueError, match=r'estimator.*samples_per_prompt >= 2'):
-    convert.check_startup(passk, batch_size=8, samples_per_prompt=1)
-  convert.check_startup(passk, batch_size=8, samples_per_prompt=2)
-  adaptive = convert.algorithm(
+    build.check_startup(passk, batch_size=8, samples_per_prompt=1)
+  build.check_startup(passk, batch_size=8, samples_per_prompt=2)
+  adaptive = build.algorithm(
     _section(
       kl_in_reward__enabled=True,
       kl_in_reward__type='adaptive',
@@ -701,8 +703,8 @@ def test_startup_checks():
     )
   )
   with pytest.raises(ValueError, match=r'kl_in_reward\.horizon.*> 100'):
-    convert.check_startup(adaptive, batch_size=500, samples_per_prompt=4)
-  convert.check_startup(adaptive, batch_size=499, samples_per_prompt=4)
+    build.check_startup(adaptive, batch_size=500, samples_per_prompt=4)
+  build.check_startup(adaptive, batch_size=499, samples_per_prompt=4)
 
 
 def test_section_fields_cover_the_dataclasses_and_are_commented():
@@ -715,7 +717,7 @@ def test_section_fields_cover_the_dataclasses_and_are_commented():
   documented = {
     **fields.docs(AC),
     **fields.docs(KC),
-    'kl_penalty': fields.docs(convert.AlgorithmConfig)['kl_penalty'],
+    'kl_penalty': fields.docs(AlgorithmConfig)['kl_penalty'],
   }
   assert set(documented) == (set(cd) - {'kl_in_reward'}) | kl_fields
   for name, doc in documented.items():
@@ -723,7 +725,7 @@ def test_section_fields_cover_the_dataclasses_and_are_commented():
 
 
 def test_base_config_carries_the_algorithm_section():
-  assert convert.algorithm(base.get_config()) == (convert.AlgorithmConfig())
+  assert build.algorithm(base.get_config()) == (AlgorithmConfig())
   argv = [
     'prog',
     f'--config={base.__file__}',
@@ -737,7 +739,7 @@ def test_base_config_carries_the_algorithm_section():
   fv = absl_flags.FlagValues()
   config_flags.DEFINE_config_file('config', flag_values=fv, sys_argv=argv)
   fv(argv)
-  built = convert.algorithm(fv.config)
+  built = build.algorithm(fv.config)
   assert built.advantage == AC(estimator='gae', lam=0.95)
   assert built.kl_in_reward == KC(type='adaptive', horizon=500)
   assert built.kl_penalty == 'k3'

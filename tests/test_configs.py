@@ -1,7 +1,11 @@
-"""configs/base.py, configs/presets.py and jaxcorr.config.convert."""
+"""configs/base.py, configs/presets.py, jaxcorr.config.convert and the loss
+sections of jaxcorr.train.build."""
 
+import ast
 import dataclasses
 import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -12,9 +16,10 @@ from ml_collections import ConfigDict, config_flags
 
 import golden_data as gd
 from configs import base, presets
-from jaxcorr.config import convert, fields
+from jaxcorr.config import fields
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective as obj
+from jaxcorr.train import build
 
 BASE_FILE = str(pathlib.Path(base.__file__))
 C = corr_lib.CorrectionConfig
@@ -117,7 +122,7 @@ def _build(name=None, **overrides):
   for path, value in overrides.items():
     section, field = path.split('__')
     cfg[section][field] = value
-  return convert.losses(cfg)
+  return build.losses(cfg)
 
 
 # ------------------------------------------------------------------ presets
@@ -145,7 +150,7 @@ def test_preset_builds_table_values(name):
 def test_every_name_has_exactly_the_base_key_set(name):
   cfg = base.get_config(name)
   assert _flat_keys(cfg) == _base_keys()
-  convert.losses(cfg)
+  build.losses(cfg)
 
 
 @pytest.mark.parametrize('name', list(TABLE), ids=lambda n: f'preset={n}')
@@ -168,15 +173,15 @@ def test_disabled_is_not_none():
   """'disabled' logs diagnostics (needs rollout logp); enabled=False is off."""
   assert _build('disabled').correction is not None
   with pytest.raises(ValueError, match='does not report log-probs'):
-    convert.losses(base.get_config('disabled'), rollout_logp_available=False)
+    build.losses(base.get_config('disabled'), rollout_logp_available=False)
   off = base.get_config('disabled')
   off.correction.enabled = False
-  built = convert.losses(off, rollout_logp_available=False)
+  built = build.losses(off, rollout_logp_available=False)
   assert built.correction is None
   off_kl = base.get_config('rollout_kl')
   off_kl.correction.enabled = False
   with pytest.raises(ValueError, match=r'rollout_kl_coef=0\.002 needs rollout'):
-    convert.losses(off_kl, rollout_logp_available=False)
+    build.losses(off_kl, rollout_logp_available=False)
 
 
 @pytest.mark.parametrize(
@@ -371,24 +376,24 @@ def test_lock_config_typo_fails():
   with pytest.raises(TypeError):  # typed fields keep their type
     cfg.correction.is_upper = 'two'
   cfg.correction.is_upper = 3  # an int is a valid float
-  assert convert.losses(cfg).correction.is_upper == 3.0
+  assert build.losses(cfg).correction.is_upper == 3.0
 
 
 def test_converter_rejects_unknown_fields():
   section = base.correction_section().to_dict()
   section['is_lowr'] = 0.5
   with pytest.raises(ValueError, match=r'unknown field\(s\) is_lowr; allowed'):
-    convert.correction(ConfigDict({'correction': section}))
+    build.correction(ConfigDict({'correction': section}))
   actor = dict(base.actor_section().to_dict(), use_kl_loss=True)
   with pytest.raises(ValueError, match='use_kl_loss'):
-    convert.actor(ConfigDict({'actor': actor}))
+    build.actor(ConfigDict({'actor': actor}))
 
 
 def test_converter_accepts_sections_and_field_dicts():
   cfg = base.get_config('slime_mis')
-  assert convert.correction(cfg.correction) == TABLE['slime_mis'][0]
-  assert convert.correction({'is_level': 'token'}) == C(is_level='token')
-  assert convert.actor(cfg.actor) == A()
+  assert build.correction(cfg.correction) == TABLE['slime_mis'][0]
+  assert build.correction({'is_level': 'token'}) == C(is_level='token')
+  assert build.actor(cfg.actor) == A()
 
 
 def test_task_config_pattern():
@@ -397,7 +402,7 @@ def test_task_config_pattern():
   cfg.actor.kl_loss_coef = 1e-3  # a task default ...
   presets.apply_preset(cfg, 'decoupled_token_is+rollout_kl')
   cfg.lock()
-  built = convert.losses(cfg)
+  built = build.losses(cfg)
   assert built.actor == A(kl_loss_coef=1e-3, **ROLLOUT_KL)
   assert built.correction == TABLE['decoupled_token_is'][0]
   assert _flat_keys(cfg) == _base_keys()
@@ -409,7 +414,7 @@ def test_base_sections_cover_every_dataclass_field():
   assert set(cfg.correction) == corr_fields | {'enabled'}
   assert set(cfg.actor) == {f.name for f in dataclasses.fields(A)}
   # Defaults agree with the dataclasses (rs strings '' = ()).
-  built = convert.losses(cfg)
+  built = build.losses(cfg)
   assert built.correction == C() and built.actor == A()
 
 
@@ -444,7 +449,7 @@ def test_cli_preset_and_overrides():
     '--config.actor.agg=token-mean',
     '--config.actor.dro_beta=0.1',
   )
-  built = convert.losses(cfg)
+  built = build.losses(cfg)
   assert built.correction == C(
     is_level='token',
     is_upper=2.0,
@@ -457,22 +462,22 @@ def test_cli_preset_and_overrides():
 
 
 def test_cli_default_and_switches():
-  assert convert.losses(_parse(f'--config={BASE_FILE}')) == _build()
+  assert build.losses(_parse(f'--config={BASE_FILE}')) == _build()
   off = _parse(f'--config={BASE_FILE}', '--config.correction.enabled=false')
-  assert convert.losses(off).correction is None
+  assert build.losses(off).correction is None
   none = _parse(
     f'--config={BASE_FILE}:decoupled_token_is',
     '--config.correction.is_level=none',
     '--config.actor.agg=None',
   )
-  built = convert.losses(none)
+  built = build.losses(none)
   assert built.correction == C() and built.actor.agg is None
 
 
 def test_cli_clip_ratio_c_inf_is_no_dual_clip():
   """None cannot be typed for a float flag; inf is the same loss."""
   cfg = _parse(f'--config={BASE_FILE}', '--config.actor.clip_ratio_c=inf')
-  actor = convert.losses(cfg).actor
+  actor = build.losses(cfg).actor
   assert actor.clip_ratio_c == float('inf')
   rng = np.random.default_rng(0)
   lp = rng.normal(-1.0, 0.3, size=(4, 6)).astype(np.float32)
@@ -509,4 +514,80 @@ def test_cli_typo_and_bad_values_fail():
     _parse(f'--config={BASE_FILE}:nope')
   cfg = _parse(f'--config={BASE_FILE}', '--config.correction.rs_bounds=0.01')
   with pytest.raises(ValueError, match='rs_bounds without rs'):
-    convert.losses(cfg)
+    build.losses(cfg)
+
+
+# ------------------------------------------- jaxcorr.config stays generic
+
+CONFIG_DIR = pathlib.Path(base.__file__).resolve().parents[1] / 'jaxcorr/config'
+ABOVE_CONFIG = (
+  'jaxcorr.losses',
+  'jaxcorr.sharding',
+  'jaxcorr.train',
+  'jaxcorr.data',
+  'jaxcorr.rewards',
+  'jaxcorr.model',
+  'jaxcorr.rollout',
+)
+
+
+def _jaxcorr_imports(path: pathlib.Path) -> list[str]:
+  """Every jaxcorr module `path` imports, at any depth (function-level and
+  TYPE_CHECKING imports included); `from a import b` counts as `a.b`."""
+  found = []
+  for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
+    if isinstance(node, ast.Import):
+      found += [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      if node.level:  # relative: inside jaxcorr.config
+        found += [f'jaxcorr.config.{node.module or ""}']
+      elif node.module:
+        found += [f'{node.module}.{a.name}' for a in node.names]
+  return [m for m in found if m.split('.')[0] == 'jaxcorr']
+
+
+def test_config_imports_nothing_above_it():
+  """jaxcorr/config/ is the generic mechanism: no section, no component."""
+  files = sorted(CONFIG_DIR.glob('*.py'))
+  assert {f.name for f in files} >= {'__init__.py', 'fields.py', 'convert.py'}
+  bad = [
+    f'{f.name}: {m}'
+    for f in files
+    for m in _jaxcorr_imports(f)
+    if not m.startswith('jaxcorr.config.')
+  ]
+  assert not bad, 'jaxcorr/config imports from above it:\n' + '\n'.join(bad)
+
+
+def test_config_imports_find_a_violation(tmp_path):
+  bad = tmp_path / 'bad.py'
+  bad.write_text(
+    'def f():\n  from jaxcorr.train import run_config\n'
+    'from jaxcorr.losses.masked import is_number\n'
+    'from jaxcorr.config import fields\n'
+  )
+  assert _jaxcorr_imports(bad) == [
+    'jaxcorr.losses.masked.is_number',
+    'jaxcorr.config.fields',
+    'jaxcorr.train.run_config',
+  ]
+
+
+def test_importing_config_loads_no_component():
+  """The same, at run time: a fresh interpreter that imports the whole
+  config package has loaded no jaxcorr module above it."""
+  code = (
+    'import sys, jaxcorr.config.convert, jaxcorr.config.fields\n'
+    'print(sorted(m for m in sys.modules if m.startswith("jaxcorr")))'
+  )
+  out = subprocess.run(
+    [sys.executable, '-c', code],
+    cwd=CONFIG_DIR.parents[1],
+    capture_output=True,
+    text=True,
+    check=True,
+    timeout=120,
+  ).stdout
+  loaded = ast.literal_eval(out.strip().splitlines()[-1])
+  assert 'jaxcorr.config.convert' in loaded
+  assert not [m for m in loaded if m.startswith(ABOVE_CONFIG)], loaded

@@ -26,11 +26,11 @@ import pytest
 
 import golden_data as gd
 from configs import base
-from jaxcorr.config import convert
 from jaxcorr.losses import correction as corr
 from jaxcorr.losses import correction_reject as cr
 from jaxcorr.losses import objective as obj
 from jaxcorr.losses import rewards
+from jaxcorr.train import build
 
 FW = 'frontier/nemo_rl'
 C = corr.CorrectionConfig
@@ -250,12 +250,12 @@ def test_unknown_name_lists_the_criterion_and_ml_collections_path():
   cfg = base.get_config()
   cfg.correction.rs = 'seq_mean_mpe'
   cfg.correction.rs_bounds = '2.0'
-  assert convert.losses(cfg).correction == C(
+  assert build.losses(cfg).correction == C(
     rs=('seq_mean_mpe',), rs_bounds=((None, 2.0),)
   )
   cfg.correction.rs_bounds = '0.5'
   with pytest.raises(ValueError, match=r'rs_bounds\[seq_mean_mpe\]'):
-    convert.losses(cfg)
+    build.losses(cfg)
 
 
 def test_input_errors():
@@ -311,14 +311,13 @@ def _train_step(mode: str):
 
   from configs import arith_tiny
   from jaxcorr.train import batch as batch_lib
-  from jaxcorr.train import run_config as run_lib
 
   c = arith_tiny.get_config('pulse+nemo_seq_logprob_error')
   c.correction.mode = mode
   # The random model is far from the random engine log-probs (row errors
   # 4.2 to 20.7): 6.0 drops three rows of eight, one of them correct.
   c.correction.rs_bounds = '6.0'
-  run = run_lib.build(c)
+  run = build.build(c)
   assert (run.train.mini_batches, run.train.micro_batches) == (1, 1)
   mesh = _one_device_mesh()
   state, steps = fresh_train_state(run, mesh)

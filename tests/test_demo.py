@@ -10,7 +10,7 @@ import pytest
 
 from configs import base as base_config
 from jaxcorr import demo
-from jaxcorr.config import convert
+from jaxcorr.train import build
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ def test_simulated_batch_is_consistent(mismatch):
 )
 def test_step_is_finite_and_corrects(preset):
   batch = demo.simulate(jax.random.key(1), 'bf16', 16, 24, 32)
-  cfgs = convert.losses(base_config.get_config(preset))
+  cfgs = build.losses(base_config.get_config(preset))
   loss, gnorm, metrics = demo.make_step(cfgs.actor, cfgs.correction)(batch)
   assert np.isfinite(loss) and np.isfinite(gnorm) and gnorm > 0
   assert all(np.isfinite(v) for v in metrics.values())

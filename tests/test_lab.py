@@ -14,7 +14,7 @@ import math
 import pytest
 
 from jaxcorr import lab
-from jaxcorr.train import run_config
+from jaxcorr.train import build
 
 VOLATILE = ('time/', 'perf/')
 
@@ -105,7 +105,7 @@ def test_unknown_mismatch(name):
 def test_every_mismatch_builds_a_valid_run(mismatch):
   """The trainer's start-up validation accepts every definition."""
   config = lab.make_config('disabled', mismatch)
-  run = run_config.build(config)
+  run = build.build(config)
   want = lab.mismatch_overrides(mismatch)
   if 'rollout.mode' in want:
     assert run.rollout.mode == want['rollout.mode']
@@ -121,7 +121,7 @@ def test_every_mismatch_builds_a_valid_run(mismatch):
 
 def test_make_config_presets_seeds_and_overrides():
   off = lab.make_config(lab.OFF)
-  assert run_config.build(off).losses.correction is None
+  assert build.build(off).losses.correction is None
   c = lab.make_config(
     'slime_mis',
     'bf16',

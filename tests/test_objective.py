@@ -22,12 +22,12 @@ import pytest
 import golden_data as gd
 from configs import base as base_config
 from configs import presets
-from jaxcorr.config import convert
 from jaxcorr.losses import aggregate as agg_lib
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective as obj
 from jaxcorr.losses import policy as pol
 from jaxcorr.losses import value as val
+from jaxcorr.train import build
 
 TOL = dict(rtol=1e-6, atol=1e-6)
 MET_TOL = dict(rtol=1e-5, atol=1e-6)  # std/χ²-type metrics (golden README)
@@ -56,7 +56,7 @@ def _grad_logp(cfg, corr_cfg, logp, *, jit=False, **kw):
 
 def _preset(name):
   """(ActorLossConfig, CorrectionConfig | None) of a jaxcorr preset."""
-  return convert.losses(base_config.get_config(name))
+  return build.losses(base_config.get_config(name))
 
 
 # =================================================================== verl

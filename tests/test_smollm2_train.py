@@ -52,7 +52,7 @@ def test_export_round_trip_generates_in_transformers(smol_dir, tmp_path):
   its initial weights (step 0), so both are SmolLM2 itself."""
   workdir, out = tmp_path / 'run', tmp_path / 'hf'
   cfg = config(smol_dir, 'disabled', train__num_steps=0, train__eval_every=0)
-  trainer = Trainer(cfg, str(workdir))
+  trainer = Trainer.from_config(cfg, str(workdir))
   trainer.train()  # no steps: config.json and checkpoint 0, as a run writes
   trainer.close()
   subprocess.run(
@@ -103,7 +103,7 @@ def task(c):
   c.train.eval_every = 0
   c.train.checkpoint_every = 0
 
-trainer = Trainer(base.get_config('decoupled_token_is', task=task), sys.argv[2])
+trainer = Trainer.from_config(base.get_config('decoupled_token_is', task=task), sys.argv[2])
 trainer.train()
 trainer.close()
 """

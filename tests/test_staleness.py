@@ -23,7 +23,7 @@ from jaxcorr.losses import objective
 from jaxcorr.rollout import ValidationConfig, validate_rollout_batch
 from jaxcorr.rollout.types import FinishReason, RolloutBatch
 from jaxcorr.train import batch as batch_lib
-from jaxcorr.train import run_config as run_lib
+from jaxcorr.train import build
 from jaxcorr.train.rl_step import RLStep
 from jaxcorr.train.rollouts import staleness
 from jaxcorr.train.rollouts.stage import Scored
@@ -311,7 +311,7 @@ def _rl_step(
   c.rollout.max_staleness = MAX_STALE
   c.rollout.staleness_policy = policy
   c.rollout.samples_per_prompt = 4
-  run = run_lib.build(c)
+  run = build.build(c)
   mesh = sharding.make_mesh(devices=jax.devices()[:1])
   state, steps = fresh_train_state(run, mesh)
   rl = RLStep(run, steps, mesh, vocab_size=run.model.vocab_size, batch_shards=1)
@@ -460,7 +460,7 @@ def test_version_gap_outside_bypass_mode_is_an_error():
   """The decoupled correction runs once in prepare: a gap given to the
   per-micro-batch objective would be silently unused."""
   c = arith_tiny.get_config('pulse+decoupled_token_is')
-  run = run_lib.build(c)
+  run = build.build(c)
   x = jnp.zeros((2, 3))
   with pytest.raises(ValueError, match='version_gap is for the bypass'):
     objective.actor_objective(

@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-from configs import arith_tiny, base, gsm8k_qwen, llama8b_fsdp, presets, trainer
+from configs import arith_tiny, base, gsm8k_qwen, llama8b_fsdp, presets
 from jaxcorr.config import fields
-from jaxcorr.train import run_config
+from jaxcorr.train import build
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TASKS = {
@@ -45,7 +45,7 @@ BASE_KEYS = _flat_keys(base.base_config())
 def test_every_preset_composes_with_every_task(task, name):
   cfg = TASKS[task].get_config(name)
   assert _flat_keys(cfg) == BASE_KEYS
-  run = run_config.build(cfg)
+  run = build.build(cfg)
   want = presets.overrides(name)
   for path, value in want.items():
     section, field = path.split('.')
@@ -59,17 +59,17 @@ def test_every_preset_composes_with_every_task(task, name):
 def test_pulse_composes_with_presets():
   for name in ('bypass_pg_geo_rs', 'decoupled_seq_is_rs+rollout_kl'):
     cfg = arith_tiny.get_config(f'pulse+{name}')
-    run = run_config.build(cfg)
+    run = build.build(cfg)
     assert run.train.num_steps < arith_tiny.get_config().train.num_steps
     assert cfg.correction.mode == presets.overrides(name)['correction.mode']
 
 
 def test_task_configs_are_sized_as_documented():
-  small = run_config.build(arith_tiny.get_config())
+  small = build.build(arith_tiny.get_config())
   assert small.train.sft_steps > 0 and small.model.hf_path == ''
-  qwen = run_config.build(gsm8k_qwen.get_config())
+  qwen = build.build(gsm8k_qwen.get_config())
   assert qwen.train.sft_steps == 0 and qwen.data.source == 'jsonl'
-  big = run_config.build(llama8b_fsdp.get_config())
+  big = build.build(llama8b_fsdp.get_config())
   assert big.model.scan_layers and big.model.remat != 'none'
 
 
@@ -78,7 +78,7 @@ def _build_with(**overrides):
   for path, value in overrides.items():
     section, field = path.split('__')
     cfg[section][field] = value
-  return run_config.build(cfg)
+  return build.build(cfg)
 
 
 INVALID = [
@@ -103,6 +103,21 @@ INVALID = [
   ({'mesh__fsdp': 0}, r'config\.mesh\.fsdp'),
   ({'mesh__data': -1}, r'at most one axis'),
   ({'correction__is_level': 'word'}, r'is_level'),
+  # Fields only mode='stream' reads: another value with another mode.
+  (
+    {'rollout__kv_on_update': 'recompute'},
+    r"config\.rollout\.kv_on_update: invalid value 'recompute'.*allowed: "
+    r"'keep' with rollout\.mode='sync'",
+  ),
+  (
+    {
+      'rollout__mode': 'async',
+      'rollout__max_staleness': 1,
+      'rollout__weight_sync': 'scheduled',
+    },
+    r"config\.rollout\.weight_sync: invalid value 'scheduled'.*allowed: "
+    r"'latest' with rollout\.mode='async'",
+  ),
 ]
 
 
@@ -110,6 +125,27 @@ INVALID = [
 def test_invalid_values_and_combinations_fail_at_build(overrides, match):
   with pytest.raises(ValueError, match=match):
     _build_with(**overrides)
+
+
+def test_stream_only_fields_take_any_value_with_stream():
+  run = _build_with(
+    rollout__mode='stream',
+    rollout__max_staleness=1,
+    rollout__weight_sync='scheduled',
+    rollout__kv_on_update='recompute',
+  )
+  assert (run.rollout.weight_sync, run.rollout.kv_on_update) == (
+    'scheduled',
+    'recompute',
+  )
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_presets_leave_the_stream_only_fields_alone(name):
+  """A preset composes with every mode: it never sets a field that only
+  mode='stream' accepts at another value."""
+  touched = set(presets.overrides(name))
+  assert not touched & {'rollout.weight_sync', 'rollout.kv_on_update'}
 
 
 def test_bypass_with_micro_batches_needs_an_explicit_agg():
@@ -120,16 +156,16 @@ def test_bypass_with_micro_batches_needs_an_explicit_agg():
   cfg.actor.agg = None
   cfg.actor.entropy_coeff = 0.01
   with pytest.raises(ValueError, match=r'config\.actor\.agg'):
-    run_config.build(cfg)
+    build.build(cfg)
   cfg.actor.agg = 'token_mean'
-  run_config.build(cfg)
+  build.build(cfg)
 
 
 def test_trainer_fields_are_documented():
   """Each trainer field carries its doc, declared once on its dataclass,
   and configs/trainer.py's sections are exactly those fields."""
   n = 0
-  for name, cls in trainer.SECTIONS.items():
+  for name, cls in build.SECTIONS.items():
     docs = fields.docs(cls)
     assert set(docs) == set(base.base_config()[name]), name
     for field, doc in docs.items():

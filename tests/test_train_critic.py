@@ -34,7 +34,7 @@ def test_ppo_with_critic_trains_after_sft(tmp_path):
   config.train.eval_every = 0
   config.reward.functions = f'exact_match,{LENGTH_REWARD}:0.1'
   assert config.train.sft_steps > 0
-  trainer = Trainer(config, str(tmp_path))
+  trainer = Trainer.from_config(config, str(tmp_path))
   trainer.train()
   trainer.close()
   assert trainer.step == config.train.num_steps

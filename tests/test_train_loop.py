@@ -51,7 +51,7 @@ def _stable(rows: list[dict]) -> list[dict]:
 
 
 def _train(config, workdir):
-  trainer = Trainer(config, str(workdir), config_name='test')
+  trainer = Trainer.from_config(config, str(workdir), config_name='test')
   last = trainer.train()
   return trainer, last
 

@@ -20,8 +20,8 @@ from jaxcorr.losses import rewards
 from jaxcorr.model import Transformer
 from jaxcorr.rollout.types import FinishReason, RolloutBatch
 from jaxcorr.train import batch as batch_lib
-from jaxcorr.train import run_config as run_lib
-from jaxcorr.train.setup import model_config
+from jaxcorr.train import build
+from jaxcorr.train.policy import transformer_config
 from jaxcorr.train.state import make_optimizer
 from jaxcorr.train.step import Steps
 
@@ -33,7 +33,7 @@ def _run(preset: str, **train):
   c.train.shuffle_minibatches = False
   for k, v in train.items():
     c.train[k] = v
-  return run_lib.build(c)
+  return build.build(c)
 
 
 def _rollout(seed: int = 0) -> tuple[RolloutBatch, np.ndarray]:
@@ -169,7 +169,7 @@ def test_no_gradient_through_old_or_rollout_logp():
   run = _run('decoupled_token_is')
   mesh = _one_device_mesh()
   arrays = _arrays(run, 1)
-  cfg = model_config(run)
+  cfg = transformer_config(run.model)
   model = Transformer(cfg, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model)
   tx, schedule = make_optimizer(run.optim, 1e-3, 10)

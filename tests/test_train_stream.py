@@ -41,7 +41,7 @@ def _config(**overrides):
 
 
 def _run(config, workdir):
-  trainer = Trainer(config, str(workdir), config_name='test')
+  trainer = Trainer.from_config(config, str(workdir), config_name='test')
   trainer.train()
   with open(workdir / 'metrics.jsonl') as f:
     rows = [json.loads(line) for line in f]

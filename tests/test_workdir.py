@@ -78,7 +78,7 @@ def test_changed_learning_rate_is_refused_before_anything_is_written(
   with pytest.raises(
     workdir_lib.ConfigChanged, match=r'config.optim.learning_rate: .*--allow'
   ):
-    Trainer(changed, str(tmp_path))
+    Trainer.from_config(changed, str(tmp_path))
   assert (tmp_path / 'config.json').read_text() == saved
   assert sorted(p.name for p in tmp_path.iterdir()) == before
   # The refusal released the lock, and the flag lets it continue.

@@ -1,17 +1,20 @@
 """A config field declared once: its name, type, default, rule and doc.
 
-Every frozen config dataclass (the trainer sections of
-`jaxcorr.train.run_config`, `CorrectionConfig`, `ActorLossConfig` and its
-`PolicyKnobs`, `AdvantageConfig`, `KLControlConfig`, `MeshConfig`) declares
-each field with `setting`::
+Every frozen config dataclass (each beside the component it configures:
+`RolloutConfig`, `DataConfig`, `RewardConfig`, `CorrectionConfig`,
+`ActorLossConfig` and its `PolicyKnobs`, `AdvantageConfig`, `MeshConfig`,
+...; `jaxcorr/train/build.py` lists the trainer's) declares each field with
+`setting`::
 
   mode: str = setting('sync', one_of('sync', 'async'), 'How rollouts run.')
 
-and validates itself with `validate(self)` in `__post_init__`. Everything
-else is derived from that one line: the ml-collections section of
-`configs/` (`jaxcorr.config.convert.section`: the default, a typed
-placeholder when it is None, the doc), the check and the canonical stored
-value, and the error message.
+and validates itself with `validate(self)` in `__post_init__`: field rules
+and rules between fields of the same section only, never a registry, a
+tokenizer or another section (those are build-time checks of
+`jaxcorr.train.build`). Everything else is derived from that one line: the
+ml-collections section of `configs/` (`jaxcorr.config.convert.section`: the
+default, a typed placeholder when it is None, the doc), the check and the
+canonical stored value, and the error message.
 
 Errors name the full config path when they are raised: the converter builds
 each section inside `at('config.rollout')`, so a bad value reads
@@ -29,10 +32,9 @@ import contextlib
 import contextvars
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
-
-from jaxcorr.losses import masked
 
 _PATH: contextvars.ContextVar[str | None] = contextvars.ContextVar(
   'config_path', default=None
@@ -78,6 +80,15 @@ def fail_assign(path: str, value: Any, allowed: str, why: str = '') -> NoReturn:
 Rule = Callable[[Any, str], Any]
 """`rule(value, path) -> stored value`; raises `Invalid` (or a ValueError that
 already names `path`)."""
+
+
+def is_number(value: object) -> bool:
+  """A static Python real number (not a bool, string, array or tracer).
+
+  Config and knob checks use it: a traced value is only checked where the
+  math allows it, a bool is never accepted where a number is expected.
+  """
+  return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def check(rule: Rule, value: Any, path: str) -> Any:
@@ -169,7 +180,7 @@ def number(
   text = allowed or _describe(lo, hi, lo_open, hi_open, finite)
 
   def rule(value: Any, path: str) -> float:
-    if not masked.is_number(value):
+    if not is_number(value):
       raise Invalid(text, 'not a number')
     out = float(value)
     if math.isnan(out) or (finite and not math.isfinite(out)):
@@ -196,6 +207,10 @@ def optional(rule: Rule, none_means: str | None = None) -> Rule:
       raise Invalid(f'{e.allowed}, or None ({none_means})', e.why) from None
 
   return wrapped
+
+
+DTYPES = ('float32', 'bfloat16', 'float16')
+"""The floating dtypes a config may name (parameters, compute, the engine)."""
 
 
 def one_of(*choices: Any, quote: bool = True) -> Rule:

@@ -1,8 +1,8 @@
 """Text <-> token ids for the trainer: every piece between a dataset row and
 the ids the engine samples from.
 
-Modules: `tasks` (the embedded arithmetic task and its character tokenizer),
-`prompts` (prompt sources and the checkpointable loader), `text` (prompts in,
-responses out), `prompt_check` (every prompt tokenized and length-checked at
-start-up).
+Modules: `config` (the `data` section), `tasks` (the embedded arithmetic
+task and its character tokenizer), `prompts` (prompt sources and the
+checkpointable loader), `text` (prompts in, responses out), `prompt_check`
+(every prompt tokenized and length-checked at start-up).
 """

@@ -25,6 +25,7 @@ resumes at the same epoch and fraction of it, with a warning.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -33,26 +34,11 @@ from typing import Any
 import numpy as np
 from absl import logging
 
+from jaxcorr.data.config import ANSWER_FORMATS, SOURCES, DataConfig
 from jaxcorr.data.tasks import ArithmeticSource, Example
 
-SOURCES = ('arithmetic', 'jsonl', 'parquet')
-ANSWER_FORMATS = ('gsm8k', 'raw')
-
-# Defaults of the config.data fields (configs/trainer.py) for mappings that
-# leave a field out.
-_DEFAULTS = {
-  'source': 'arithmetic',
-  'path': '',
-  'eval_path': '',
-  'prompt_field': 'question',
-  'answer_field': 'answer',
-  'answer_format': 'gsm8k',
-  'num_examples': 100_000,
-  'seed': 0,
-  'max_operand': 99,
-  'ops': '+',
-  'eval_examples': 256,
-}
+# The config.data defaults, for mappings that leave a field out.
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DataConfig)}
 
 
 def gsm8k_answer(text: str) -> str:

@@ -52,7 +52,7 @@ WALL_FILE = 'lab_wall_s'
 def _train(config: ml_collections.ConfigDict, workdir: str, name: str) -> None:
   from jaxcorr.train.loop import Trainer
 
-  trainer = Trainer(config, workdir, config_name=name)
+  trainer = Trainer.from_config(config, workdir, config_name=name)
   try:
     trainer.train()
   finally:

@@ -42,7 +42,14 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxcorr.config.fields import boolean, number, one_of, setting, validate
+from jaxcorr.config.fields import (
+  boolean,
+  is_number,
+  number,
+  one_of,
+  setting,
+  validate,
+)
 from jaxcorr.losses import advantages_scan as scan
 from jaxcorr.losses import masked
 from jaxcorr.losses.advantages_scan import masked_var, whiten  # noqa: F401
@@ -293,7 +300,7 @@ def _check_estimator(estimator: Any) -> str:
 
 def _check_static_unit(name: str, value: Any) -> None:
   """Range check for a Python-number γ/λ (traced values are not checked)."""
-  if masked.is_number(value) and not 0.0 <= float(value) <= 1.0:
+  if is_number(value) and not 0.0 <= float(value) <= 1.0:
     raise ValueError(f'{name}={value!r} is invalid; allowed: [0, 1]')
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxcorr.config import fields
 from jaxcorr.losses import masked
 
 MODES = (
@@ -50,7 +51,7 @@ def canonical_mode(mode: str, field: str = 'agg') -> str:
 
 
 def _check_norm(norm: float | None) -> None:
-  if masked.is_number(norm) and not norm > 0:
+  if fields.is_number(norm) and not norm > 0:
     raise ValueError(f'norm must be > 0, got {norm!r}')
 
 

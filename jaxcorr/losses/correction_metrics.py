@@ -6,9 +6,9 @@ statistics mask `m` (valid and finite rows, before any rejection), and every
 reduction returns 0 on an empty set (D14). Sequence statistics average over
 the non-empty rows `V` only (D4).
 
-Notation (as in the spec): `r = log ρ` the unclamped log-ratio `[B, T]`,
-`r̂ = clip(r, ±20)`, `S_i = Σ_t r·m`, `q_i = rmean(w)_i`, `valid` marks the
-rows of `V`.
+Notation (docs/math/correction.md §4.1): `r = log ρ` the unclamped
+log-ratio `[B, T]`, `r̂ = clip(r, ±20)`, `S_i = Σ_t r·m`, `q_i = rmean(w)_i`,
+`valid` marks the rows of `V`.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
+from jaxcorr.config import fields
 from jaxcorr.losses import masked as mk
 
 KPOP_EPS = 1e-8
@@ -176,7 +177,7 @@ def seq_logprob_error_mask(
   )
   mk.check_shapes({'sample_mask': sample_mask, 'rewards': rewards}, ndim=1)
   if threshold is not None and not (
-    mk.is_number(threshold) and math.isfinite(threshold) and threshold >= 1
+    fields.is_number(threshold) and math.isfinite(threshold) and threshold >= 1
   ):
     raise ValueError(
       f'threshold={threshold!r} is invalid; allowed: a finite number >= 1 '

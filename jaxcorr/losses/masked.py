@@ -10,7 +10,8 @@ Every loss in `jaxcorr.losses` follows the same numerical rules
 * floats are promoted to at least float32 (bf16 never enters the math; float64
   stays float64 when x64 is on).
 
-The reductions come in three families, named as in the spec:
+The reductions come in three families, named as in
+docs/math/correction.md §4.1:
 
 * token-pooled over a `[B, T]` mask: `masked_sum`, `masked_mean` (`mmean`),
   `masked_max`, `masked_min`;
@@ -23,7 +24,6 @@ Every reduction returns 0 on an empty set (divergence D14).
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 
 import jax
@@ -166,15 +166,6 @@ def rows_std(y: jax.Array, valid: jax.Array) -> jax.Array:
 
 
 # ------------------------------------------------------------ trace checks
-
-
-def is_number(value: object) -> bool:
-  """A static Python real number (not a bool, string, array or tracer).
-
-  Config and knob checks use it: a traced value is only checked where the
-  math allows it, a bool is never accepted where a number is expected.
-  """
-  return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def check_mask(mask: jax.Array, name: str = 'mask') -> None:

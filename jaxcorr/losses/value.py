@@ -21,12 +21,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxcorr.config import fields
 from jaxcorr.losses import aggregate as agg_lib
 from jaxcorr.losses import masked
 
 
 def _check_cliprange(eps: float) -> None:
-  if not masked.is_number(eps) or not eps > 0:
+  if not fields.is_number(eps) or not eps > 0:
     raise ValueError(
       f'cliprange_value={eps!r} is invalid; allowed: a number > 0 '
       '(inf disables the clip)'

@@ -6,13 +6,15 @@ them with weights, `'math_answer:1.0,format:0.1'`, and `RewardScorer` sums
 them per row. User code adds its own with `@register('name')` in any module
 the config file imports.
 
+* `config`: `RewardConfig`, the trainer's `reward` section;
 * `registry`: `REWARDS`, `register`, the built-in rewards, `parse_spec`;
 * `answers`: final-answer extraction and numeric comparison;
 * `workers`: daemon threads whose stuck calls are abandoned and replaced;
 * `processes`: worker processes killed and replaced on timeout
   (`config.reward.isolation='process'`);
 * `scorer`: `RewardScorer` (isolation, timeouts, per-step budget, float32
-  checks, failure metrics, a stop for a function that always fails) and
+  checks, failure metrics, a stop for a function that always fails),
+  `check_spec` (the start-up check of a spec) and
   `check_rewards`.
 """
 
@@ -22,6 +24,7 @@ from jaxcorr.rewards.answers import (
   last_boxed,
   to_number,
 )
+from jaxcorr.rewards.config import RewardConfig
 from jaxcorr.rewards.registry import (
   REWARDS,
   RewardFn,
@@ -36,16 +39,19 @@ from jaxcorr.rewards.scorer import (
   RewardFunctionFailing,
   RewardScorer,
   check_rewards,
+  check_spec,
 )
 
 __all__ = [
   'MAX_STUCK',
   'REWARDS',
+  'RewardConfig',
   'RewardFn',
   'RewardFunctionFailing',
   'RewardScorer',
   'answers_match',
   'check_rewards',
+  'check_spec',
   'exact_match',
   'extract_answer',
   'format_reward',

@@ -174,6 +174,46 @@ class FailureWatch:
         )
 
 
+def _known() -> str:
+  return ', '.join(repr(n) for n in sorted(REWARDS))
+
+
+def check_spec(
+  spec: Sequence[tuple[str, float]],
+) -> tuple[tuple[str, ...], tuple[float, ...]]:
+  """(names, weights) of a reward spec (`parse_spec`'s pairs); ValueError
+  naming `config.reward.functions` when it is empty, names a function not
+  registered in `REWARDS` now, names one twice, or has a weight that is not
+  a finite number. `RewardScorer` runs it, and so does the start-up check
+  of `jaxcorr.train.build` (before any device work)."""
+  spec = list(spec)
+  if not spec:
+    raise ValueError(f'{_SPEC}: no reward functions; allowed: {_known()}')
+  names = tuple(name for name, _ in spec)
+  for name in names:
+    if name not in REWARDS:
+      raise ValueError(
+        f'{_SPEC}: unknown reward {name!r}; registered: {_known()} '
+        '(register more with jaxcorr.rewards.register)'
+      )
+  dupes = sorted({n for n in names if names.count(n) > 1})
+  if dupes:
+    raise ValueError(
+      f'{_SPEC}: reward(s) {", ".join(map(repr, dupes))} listed more than '
+      'once; allowed: each name once (add the weights)'
+    )
+  weights = []
+  for name, weight in spec:
+    w = None if isinstance(weight, bool | np.bool_) else _valid(weight)
+    if w is None:
+      raise ValueError(
+        f'{_SPEC}: invalid weight {weight!r} for {name!r}; allowed: a '
+        'finite number'
+      )
+    weights.append(w)
+  return names, tuple(weights)
+
+
 class RewardScorer:
   """The weighted sum of named rewards, one float32 per row (module doc).
 
@@ -202,33 +242,7 @@ class RewardScorer:
     isolation: str = 'thread',
     max_failure_fraction: float = 0.9,
   ):
-    spec = list(spec)
-    if not spec:
-      raise ValueError(
-        f'{_SPEC}: no reward functions; allowed: {self._known()}'
-      )
-    names = [name for name, _ in spec]
-    for name in names:
-      if name not in REWARDS:
-        raise ValueError(
-          f'{_SPEC}: unknown reward {name!r}; registered: {self._known()} '
-          '(register more with jaxcorr.rewards.register)'
-        )
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-      raise ValueError(
-        f'{_SPEC}: reward(s) {", ".join(map(repr, dupes))} listed more than '
-        'once; allowed: each name once (add the weights)'
-      )
-    weights = []
-    for name, weight in spec:
-      w = None if isinstance(weight, bool | np.bool_) else _valid(weight)
-      if w is None:
-        raise ValueError(
-          f'{_SPEC}: invalid weight {weight!r} for {name!r}; allowed: a '
-          'finite number'
-        )
-      weights.append(w)
+    names, weights = check_spec(spec)
     self.timeout_s = _positive_or_none('config.reward.timeout_s', timeout_s)
     self.step_budget_s = _positive_or_none(
       'config.reward.step_budget_s', step_budget_s
@@ -247,10 +261,6 @@ class RewardScorer:
     self._watch = FailureWatch(self.names, max_failure_fraction)
     # Set by the trainer while it runs (module doc): a stop cuts the wait.
     self.stop_requested: Callable[[], bool] | None = None
-
-  @staticmethod
-  def _known() -> str:
-    return ', '.join(repr(n) for n in sorted(REWARDS))
 
   def __repr__(self) -> str:
     spec = ','.join(f'{n}:{w:g}' for n, w in zip(self.names, self.weights))

@@ -7,17 +7,45 @@ position P + t − 1 (the state *before* the token is emitted), so values,
 log-probs and rewards share one `[B, T]` alignment. The backbone starts
 from the policy's weights (verl initialises its critic from the actor) and
 the head from zeros, so the first values are 0 and GAE starts as REINFORCE
-with returns as targets.
+with returns as targets. `CriticConfig` is its config section (the value
+loss's clipping and aggregation are read by jaxcorr/train/step.py).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxcorr.config.fields import boolean, canonical, number, setting, validate
+from jaxcorr.losses import aggregate as agg_lib
 from jaxcorr.model import Transformer, TransformerConfig
 from jaxcorr.model.layers import param
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticConfig:
+  """The value model for GAE (a copy of the policy with a scalar head)."""
+
+  enabled: bool = setting(
+    False, boolean, "Train a critic; required by algorithm.estimator='gae'."
+  )
+  learning_rate: float = setting(
+    1e-5, number(0), 'Peak learning rate of the critic.'
+  )
+  cliprange_value: float = setting(
+    0.5, number(0, lo_open=True), 'Value clipping ε of the clipped value loss.'
+  )
+  agg: str = setting(
+    'token_mean',
+    canonical(agg_lib.canonical_mode),
+    'Aggregation of the value loss (a token/seq mode of aggregate).',
+  )
+
+  def __post_init__(self):
+    validate(self)
 
 
 class ValueModel(nnx.Module):

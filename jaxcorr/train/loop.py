@@ -1,14 +1,16 @@
 """The host loop of `jaxcorr.main`: the `Trainer` ties the run's parts
 together (docs/architecture.md draws the data flow).
 
-    set-up      setup.py          meshes, policy, TrainState + Steps, prompts
-    engine      rollout_stage.py  PolicyEngine, generate, rewards -> Scored
-    resume      resume.py         restore the latest checkpoint of --workdir
-    SFT         sft.py            warm-up (train.sft_steps) ─ checkpoint 0
-    rollouts    rollout_source.py sync, or async_rollout.py's fixed lag
-    RL step     rl_step.py        validate ─ assemble ─ prepare ─ update
-    evaluation  evaluation.py     greedy accuracy on held-out prompts
-    metrics     metrics.py        metrics.jsonl, TensorBoard, progress line
+    config      build.py              ConfigDict -> RunConfig, checked once
+    policy      policy.py             the policy model (scratch or HF)
+    set-up      setup.py              meshes, TrainState + Steps, prompts
+    engine      rollouts/stage.py     PolicyEngine, generate, rewards: Scored
+    resume      checkpoints/resume.py the latest checkpoint of --workdir
+    SFT         sft.py                warm-up (train.sft_steps) ─ checkpoint 0
+    rollouts    rollouts/source.py    sync; fixed_lag.py, stream.py beside it
+    RL step     rl_step.py            validate ─ assemble ─ prepare ─ update
+    evaluation  evaluation.py         greedy accuracy on held-out prompts
+    metrics     tracker/metrics.py    metrics.jsonl, TensorBoard, progress
 
 Versions: the engine's policy version is the number of RL steps whose
 update produced its weights, so the trainer version at step s is s and a
@@ -36,28 +38,31 @@ from flax import nnx
 from jaxcorr import rewards as reward_fns
 from jaxcorr.data import text
 from jaxcorr.rewards import RewardScorer, parse_spec
-from jaxcorr.train import preemption, setup, sft
-from jaxcorr.train import run_config as run_lib
+from jaxcorr.train import build, preemption, setup, sft
 from jaxcorr.train.checkpoints import workdir as workdir_lib
 from jaxcorr.train.checkpoints.resume import Progress, RunCheckpoints
 from jaxcorr.train.critic import init_from_policy
 from jaxcorr.train.evaluation import Evaluator
+from jaxcorr.train.policy import build_policy
 from jaxcorr.train.rl_step import RLStep
 from jaxcorr.train.rollouts.source import RolloutSource, make_rollouts
 from jaxcorr.train.rollouts.stage import RolloutStage, Scored, make_engine
 from jaxcorr.train.rollouts.weights import copy_tree, engine_params
+from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.tracker import metrics, reduction
-
-# Kept importable from here: bench/ and tests build models with it.
-model_config = setup.model_config
 
 
 class Trainer:
-  """One run of `jaxcorr.main` (see the module docstring).
+  """One run of `jaxcorr.main` (see the module docstring). From a
+  ConfigDict (notebooks, benchmarks, tests), in one line:
+  `Trainer.from_config(config, workdir)`.
 
   Args:
-    config: the locked ConfigDict (task config + preset + overrides).
+    run: the validated run, `jaxcorr.train.build.build(config)`; the
+      Trainer does not check it again.
     workdir: checkpoints, metrics.jsonl and TensorBoard files.
+    config: the locked ConfigDict `run` was built from: written to
+      `workdir`/config.json, and compared with the saved one on resume.
     config_name: the config string, recorded in checkpoints and logs.
     read_only: build and restore only: write no config, metrics or
       checkpoints.
@@ -67,14 +72,15 @@ class Trainer:
 
   def __init__(
     self,
-    config: ml_collections.ConfigDict,
+    run: RunConfig,
     workdir: str,
     *,
+    config: ml_collections.ConfigDict,
     config_name: str = '',
     read_only: bool = False,
     allow_config_change: bool = False,
   ):
-    self.run = run = run_lib.build(config)
+    self.run = run
     self.workdir = workdir
     self.process_count = jax.process_count()
     primary = jax.process_index() == 0 and not read_only
@@ -87,7 +93,7 @@ class Trainer:
       )
     meshes = setup.make_meshes(run)
     self.mesh, self.rollout_mesh = meshes.train, meshes.rollout
-    policy = setup.build_policy(run, self.mesh)
+    policy = build_policy(run.model, self.mesh)
     self.policy, self.model_cfg = policy.module, policy.config
     self.graphdef = policy.graphdef
     self.param_shardings = policy.param_shardings
@@ -142,6 +148,11 @@ class Trainer:
     self.sft_done = run.train.sft_steps == 0
     self.preempted = False  # train() stopped on SIGTERM / Ctrl-C
     self._loader_state = self.loader.state()
+
+  @classmethod
+  def from_config(cls, config, workdir: str, **kwargs: Any) -> Trainer:
+    """Builds and validates `config` (a ConfigDict) once, then the Trainer."""
+    return cls(build.build(config), workdir, config=config, **kwargs)
 
   # ----------------------------------------------------------- weights
 

@@ -1,8 +1,7 @@
-"""Run set-up: devices and meshes, the policy, the optimizer state and the
-compiled steps, the prompt loaders.
+"""Run set-up: devices and meshes, the optimizer state and the compiled
+steps, the prompt loaders (the policy itself: jaxcorr/train/policy.py).
 
     split_devices ─ Meshes (trainer mesh, engine mesh)
-    build_policy  ─ Policy (scratch `model_config` or a HF checkpoint)
     build_learner ─ TrainState (+ critic, KL controller) and `Steps`
     build_prompts ─ Prompts (RL loader, SFT loader, held-out examples)
 """
@@ -22,21 +21,11 @@ from jaxcorr.data import prompt_check
 from jaxcorr.data import prompts as data
 from jaxcorr.data.tasks import Example
 from jaxcorr.losses import rewards
-from jaxcorr.model import Transformer, TransformerConfig, load_hf
 from jaxcorr.train import run_config as run_lib
 from jaxcorr.train.critic import ValueModel
+from jaxcorr.train.policy import Policy
 from jaxcorr.train.state import TrainState, make_optimizer
 from jaxcorr.train.step import Steps
-
-
-def model_config(run: run_lib.RunConfig) -> TransformerConfig:
-  """The scratch model's `TransformerConfig` (HF models bring their own):
-  every `config.model` field that `TransformerConfig` also has, by name."""
-  shared = TransformerConfig.__dataclass_fields__
-  return TransformerConfig(
-    **{k: v for k, v in vars(run.model).items() if k in shared}
-  )
-
 
 # ------------------------------------------------------------- devices
 
@@ -94,37 +83,7 @@ def make_meshes(run: run_lib.RunConfig) -> Meshes:
   return Meshes(mesh, rollout)
 
 
-# -------------------------------------------------------------- models
-
-
-@dataclasses.dataclass
-class Policy:
-  """The policy module, its split form and its parameter shardings."""
-
-  module: Transformer
-  config: TransformerConfig
-  graphdef: Any
-  param_shardings: Any
-
-
-def build_policy(run: run_lib.RunConfig, mesh: jax.sharding.Mesh) -> Policy:
-  if run.model.hf_path:
-    module = load_hf(
-      run.model.hf_path,
-      mesh=mesh,
-      param_dtype=run.model.param_dtype,
-      dtype=run.model.dtype,
-      remat=run.model.remat,
-      scan_layers=run.model.scan_layers,
-    )
-    cfg = module.config
-  else:
-    cfg, seed = model_config(run), run.model.init_seed
-    module = sharding.init_sharded(
-      lambda: Transformer(cfg, rngs=nnx.Rngs(seed)), mesh
-    )
-  graphdef, params = nnx.split(module)
-  return Policy(module, cfg, graphdef, sharding.param_shardings(params, mesh))
+# ------------------------------------------------------------ learner
 
 
 def build_learner(

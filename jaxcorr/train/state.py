@@ -1,20 +1,65 @@
 """What the device side carries from step to step, and the optimizers.
 
 `TrainState` is the checkpointed pytree (jaxcorr/train/checkpoints/checkpointer.py);
-`make_optimizer` builds the RL, critic and SFT optimizers from
-`config.optim`; `apply_updates` is the one optimizer step all of them take.
+`OptimConfig` is the `optim` config section, and `make_optimizer` builds the
+RL, critic and SFT optimizers from it; `apply_updates` is the one optimizer
+step all of them take.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.struct
 import jax
 import optax
 
+from jaxcorr.config.fields import integer, number, one_of, setting, validate
 from jaxcorr.losses import rewards
-from jaxcorr.train.run_config import OptimConfig
+
+_NAT = integer(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  """optax AdamW with warmup + cosine decay and global-norm clipping."""
+
+  learning_rate: float = setting(
+    1e-6, number(0), 'Peak learning rate of the RL phase.'
+  )
+  sft_learning_rate: float = setting(
+    1e-3,
+    number(0),
+    'Peak learning rate of the SFT warm-up (its own schedule and moments).',
+  )
+  warmup_steps: int = setting(
+    0, _NAT, 'Linear warmup steps (optimizer updates), then the schedule.'
+  )
+  schedule: str = setting(
+    'constant',
+    one_of('constant', 'cosine'),
+    "'constant' or 'cosine' (to min_lr_ratio * peak at the last update).",
+  )
+  min_lr_ratio: float = setting(
+    0.1, number(0, 1), 'Final fraction of the peak of the cosine schedule.'
+  )
+  weight_decay: float = setting(
+    0.0, number(0), "AdamW's decoupled weight decay."
+  )
+  b1: float = setting(
+    0.9, number(0, 1, hi_open=True), "AdamW's first-moment decay."
+  )
+  b2: float = setting(
+    0.999, number(0, 1, hi_open=True), "AdamW's second-moment decay."
+  )
+  eps: float = setting(1e-8, number(0, lo_open=True), "AdamW's epsilon.")
+  max_grad_norm: float = setting(
+    1.0, number(0), 'Global-norm gradient clipping (0: off).'
+  )
+
+  def __post_init__(self):
+    validate(self)
 
 
 @flax.struct.dataclass

@@ -1,9 +1,10 @@
 """The trainer's `rollout` section: sampling with the JetStream engine, sync,
 async or streaming (docs/rollout.md, docs/async.md).
 
-One frozen dataclass of `setting`s, like the other sections of
-`jaxcorr/train/run_config.py` (which re-exports it and lists it in
-`SECTIONS`).
+One frozen dataclass of `setting`s, read by the producers beside it
+(jaxcorr/train/rollouts/); `jaxcorr.train.build` lists it among the run's
+sections. Its `__post_init__` checks the fields and the rules between them
+(which fields only make sense with which `mode`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxcorr.config.fields import (
+  DTYPES,
   boolean,
   fail,
   integer,
@@ -20,10 +22,12 @@ from jaxcorr.config.fields import (
   setting,
   validate,
 )
-from jaxcorr.train.rollouts import staleness
 
-DTYPES = ('float32', 'bfloat16', 'float16')
-"""Parameter/compute dtypes of the policy and the engine."""
+STALENESS_POLICIES = ('wait', 'drop', 'mask')
+"""`rollout.staleness_policy` (jaxcorr/train/rollouts/staleness.py)."""
+STREAM_ONLY = {'weight_sync': 'latest', 'kv_on_update': 'keep'}
+"""Fields only `mode='stream'` reads -> their default, the one value allowed
+with the other modes."""
 _POS, _NAT = integer(1), integer(0)
 
 
@@ -115,7 +119,7 @@ class RolloutConfig:
   )
   staleness_policy: str = setting(
     'wait',
-    one_of(*staleness.POLICIES),
+    one_of(*STALENESS_POLICIES),
     "'wait': the producer waits for the weights a batch needs, so no token "
     "is older than max_staleness versions; stream only: 'drop' (never "
     'wait; a row with a token older than that leaves the loss) or '
@@ -168,6 +172,16 @@ class RolloutConfig:
         f"'wait' with rollout.mode={self.mode!r} ('drop' and 'mask' need "
         "mode='stream', the only producer that runs ahead of the weights)",
       )
+    if self.mode != 'stream':
+      for name, default in STREAM_ONLY.items():
+        value = getattr(self, name)
+        if value != default:
+          fail(
+            f'{p}.{name}',
+            value,
+            f'{default!r} with rollout.mode={self.mode!r} ({name} is read '
+            "only by mode='stream')",
+          )
     if self.weight_sync == 'scheduled' and self.staleness_policy != 'wait':
       fail(
         f'{p}.weight_sync',

@@ -28,17 +28,17 @@ from __future__ import annotations
 import numpy as np
 
 from jaxcorr.rollout.types import RolloutBatch
+from jaxcorr.train.rollouts.config import STALENESS_POLICIES
 from jaxcorr.train.tracker.reduction import Metric, Metrics
 
-POLICIES = ('wait', 'drop', 'mask')
 MAX_GAP_BUCKETS = 6
 
 
 def check_policy(policy: str) -> None:
-  if policy not in POLICIES:
+  if policy not in STALENESS_POLICIES:
     raise ValueError(
       f'rollout.staleness_policy={policy!r}; allowed: '
-      + ', '.join(repr(p) for p in POLICIES)
+      + ', '.join(repr(p) for p in STALENESS_POLICIES)
     )
 
 

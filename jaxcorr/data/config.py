@@ -1,0 +1,79 @@
+"""The trainer's `data` section: where the prompts come from and how they
+are written (docs/data_and_rewards.md).
+
+One frozen dataclass of `setting`s; `jaxcorr.data.prompts` reads it
+(`make_source`, `make_eval_source`). Whether `prompt_template` formats is
+checked once at start-up by `jaxcorr.train.build` (it runs
+`jaxcorr.data.prompts.format_prompt`), not here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxcorr.config.fields import (
+  boolean,
+  fail,
+  integer,
+  one_of,
+  setting,
+  text,
+  validate,
+)
+
+SOURCES = ('arithmetic', 'jsonl', 'parquet')
+ANSWER_FORMATS = ('gsm8k', 'raw')
+_POS, _NAT = integer(1), integer(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Prompts: the embedded arithmetic task or a local JSONL/Parquet file."""
+
+  source: str = setting(
+    'arithmetic',
+    one_of(*SOURCES),
+    "'arithmetic' (generated, no files), 'jsonl' or 'parquet'.",
+  )
+  path: str = setting('', text, 'jsonl/parquet: the training file.')
+  eval_path: str = setting(
+    '',
+    text,
+    "jsonl/parquet: a held-out file for evaluation ('' takes eval prompts "
+    'from the end of a generated task, or none for files).',
+  )
+  prompt_field: str = setting(
+    'question', text, 'jsonl/parquet: the prompt field (GSM8K: question).'
+  )
+  answer_field: str = setting(
+    'answer', text, 'jsonl/parquet: the answer field (GSM8K: answer).'
+  )
+  answer_format: str = setting(
+    'gsm8k',
+    one_of(*ANSWER_FORMATS),
+    "'gsm8k' (the answer after '####') or 'raw'.",
+  )
+  prompt_template: str = setting(
+    '{prompt}', text, "Text around the prompt; must contain '{prompt}'."
+  )
+  shuffle: bool = setting(
+    True,
+    boolean,
+    'Shuffle every epoch (deterministic from train.seed and the epoch).',
+  )
+  num_examples: int = setting(100_000, _POS, 'arithmetic: training examples.')
+  seed: int = setting(0, _NAT, 'arithmetic: seed of the training examples.')
+  max_operand: int = setting(99, _POS, 'arithmetic: largest operand.')
+  ops: str = setting(
+    '+', text, "arithmetic: the operators, a non-empty string of '+-*'."
+  )
+  eval_examples: int = setting(
+    256, _NAT, 'arithmetic: held-out evaluation examples (seed + 1).'
+  )
+
+  def __post_init__(self):
+    p = validate(self)
+    if self.source != 'arithmetic' and not self.path:
+      fail(f'{p}.path', self.path, f'a local {self.source} file')
+    if not self.ops or set(self.ops) - set('+-*'):
+      fail(f'{p}.ops', self.ops, "a non-empty string of '+', '-', '*'")

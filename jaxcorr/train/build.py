@@ -1,0 +1,218 @@
+"""The composition root: a run's ConfigDict -> its validated `RunConfig`.
+
+The only module that knows every section. `build(config)` runs once, at
+start-up, before any device work (`jaxcorr.main` calls it and hands the
+result to the `Trainer`):
+
+1. every section is built from its ConfigDict section by the generic
+   converter (`jaxcorr.config.convert.build`), each field checked by its own
+   rule; `losses`, `algorithm`, `correction` and `actor` build the sections
+   that are assembled from several dataclasses;
+2. `check_combinations` adds the rules that span sections (batch geometry
+   and the mesh, a critic for GAE, the policy loss against the correction,
+   the sequence length against the model);
+3. `check_components` runs the start-up checks that need a component's own
+   code rather than a field rule: the prompt template formats, every reward
+   function is registered.
+
+Every error is a `ValueError` naming the full config path, the value and the
+allowed values. `configs/` derives the ConfigDict sections from the same
+classes (configs/trainer.py from `SECTIONS`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from jaxcorr import rewards
+from jaxcorr.config import convert, fields
+from jaxcorr.data import prompts
+from jaxcorr.data.config import DataConfig
+from jaxcorr.data.tasks import Example
+from jaxcorr.losses import objective_config
+from jaxcorr.losses.advantages import AdvantageConfig
+from jaxcorr.losses.correction_config import CorrectionConfig
+from jaxcorr.losses.objective_config import ActorLossConfig, LossConfigs
+from jaxcorr.losses.rewards import KLControlConfig, check_kl_horizon
+from jaxcorr.sharding import MeshConfig
+from jaxcorr.train.critic import CriticConfig
+from jaxcorr.train.policy import ModelConfig
+from jaxcorr.train.rollouts.config import RolloutConfig
+from jaxcorr.train.run_config import AlgorithmConfig, RunConfig, TrainConfig
+from jaxcorr.train.state import OptimConfig
+
+SECTIONS: dict[str, type] = {
+  'model': ModelConfig,
+  'data': DataConfig,
+  'rollout': RolloutConfig,
+  'reward': rewards.RewardConfig,
+  'train': TrainConfig,
+  'optim': OptimConfig,
+  'critic': CriticConfig,
+  'mesh': MeshConfig,
+}
+"""The trainer sections that map one ConfigDict section to one dataclass
+(`correction`, `actor` and `algorithm` are assembled below)."""
+
+# ---------------------------------------------------------------- sections
+
+
+def correction(config: Any) -> CorrectionConfig | None:
+  """`config.correction` (or the section itself); None when not enabled."""
+  return convert.build(
+    CorrectionConfig,
+    'config.correction',
+    convert.part(config, 'correction'),
+    switch=True,
+  )
+
+
+def actor(config: Any) -> ActorLossConfig:
+  """`config.actor` (or the section itself)."""
+  return convert.build(
+    ActorLossConfig, 'config.actor', convert.part(config, 'actor')
+  )
+
+
+def losses(config: Any, *, rollout_logp_available: bool = True) -> LossConfigs:
+  """The actor and correction configs, checked together.
+
+  Args:
+    config: the run's ConfigDict (with `correction` and `actor` sections).
+    rollout_logp_available: whether the rollout engine reports per-token
+      log-probs. Without them only `correction.enabled=False`, losses that
+      do not read `rollout_logp` and `actor.rollout_kl_coef=0` are allowed.
+  """
+  pair = LossConfigs(actor=actor(config), correction=correction(config))
+  objective_config.check_compatible(
+    *pair, rollout_logp_available=rollout_logp_available
+  )
+  return pair
+
+
+def algorithm(config: Any) -> AlgorithmConfig:
+  """`config.algorithm` (or the section itself, a ConfigDict or a dict)."""
+  path = 'config.algorithm'
+  values = convert.part(config, 'algorithm')
+  adv_names = convert.names(AdvantageConfig)
+  convert.check_keys(path, values, (*adv_names, 'kl_penalty', 'kl_in_reward'))
+  advantage = convert.build(
+    AdvantageConfig, path, {k: values[k] for k in adv_names if k in values}
+  )
+  kl_ctrl = convert.build(
+    KLControlConfig,
+    f'{path}.kl_in_reward',
+    convert.values(values.get('kl_in_reward', {})),
+    switch=False,
+  )
+  rest = {k: values[k] for k in ('kl_penalty',) if k in values}
+  with fields.at(path):
+    return AlgorithmConfig(advantage=advantage, kl_in_reward=kl_ctrl, **rest)
+
+
+# -------------------------------------------------------------- the run
+
+
+def build(config: ml_collections.ConfigDict) -> RunConfig:
+  """The run's `RunConfig`, every field and combination checked (module
+  doc); the one way from a ConfigDict to a `RunConfig`."""
+  parts = {
+    name: convert.build(cls, f'config.{name}', convert.values(config[name]))
+    for name, cls in SECTIONS.items()
+  }
+  run = RunConfig(losses=losses(config), algorithm=algorithm(config), **parts)
+  check_combinations(run)
+  check_components(run)
+  return run
+
+
+def check_startup(
+  cfg: AlgorithmConfig, *, batch_size: int, samples_per_prompt: int
+) -> None:
+  """Algorithm checks that need the batch geometry.
+
+  Raises:
+    ValueError: `grpo_passk` with fewer than 2 samples per prompt, or an
+      adaptive horizon with `0.2·batch_size/horizon >= 1`.
+  """
+  if cfg.advantage.estimator == 'grpo_passk' and samples_per_prompt < 2:
+    raise ValueError(
+      "config.algorithm.estimator: 'grpo_passk' needs samples_per_prompt "
+      f'>= 2, got {samples_per_prompt}; allowed: another estimator, or >= 2 '
+      'samples'
+    )
+  if cfg.kl_in_reward is not None:
+    check_kl_horizon(
+      cfg.kl_in_reward, batch_size, path='config.algorithm.kl_in_reward'
+    )
+
+
+def check_combinations(run: RunConfig) -> None:
+  """Cross-section rules (no device needed)."""
+  r, t = run.rollout, run.train
+  check_startup(
+    run.algorithm,
+    batch_size=r.batch_size,
+    samples_per_prompt=r.samples_per_prompt,
+  )
+  fail = fields.fail
+  if r.batch_size % t.mini_batches:
+    fail(
+      'config.train.mini_batches',
+      t.mini_batches,
+      f'a divisor of the batch (rollout.prompts_per_step * '
+      f'samples_per_prompt = {r.batch_size})',
+    )
+  if t.mini_batches * t.micro_batches > r.batch_size:
+    fail(
+      'config.train.micro_batches',
+      t.micro_batches,
+      f'at most batch/mini_batches = {r.batch_size // t.mini_batches}',
+    )
+  estimator = run.algorithm.advantage.estimator
+  if estimator == 'gae' and not run.critic.enabled:
+    fail(
+      'config.critic.enabled',
+      False,
+      "True with algorithm.estimator='gae' (GAE needs values)",
+    )
+  if estimator == 'remax':
+    fail(
+      'config.algorithm.estimator',
+      'remax',
+      'an estimator other than remax: the trainer does not run the greedy '
+      'baseline rollout remax needs',
+    )
+  corr = run.losses.correction
+  if (
+    corr is not None
+    and corr.mode == 'bypass'
+    and t.micro_batches > 1
+    and objective_config.normalizer_kind(run.losses.actor) == 'mixed'
+  ):
+    fail(
+      'config.actor.agg',
+      None,
+      'an explicit mode with bypass correction and train.micro_batches > 1 '
+      '(the policy loss and the entropy/KL terms would need different '
+      'global divisors)',
+    )
+  span = r.max_prompt_length + r.max_new_tokens
+  if not run.model.hf_path and span > run.model.max_position_embeddings:
+    fail(
+      'config.rollout.max_new_tokens',
+      r.max_new_tokens,
+      f'max_prompt_length + max_new_tokens <= model.max_position_embeddings '
+      f'({run.model.max_position_embeddings})',
+    )
+
+
+def check_components(run: RunConfig) -> None:
+  """Start-up checks that run a component's code (no device, no file):
+  `config.data.prompt_template` formats (`jaxcorr.data.prompts.format_prompt`
+  on an empty prompt) and every function of `config.reward.functions` is
+  registered now (`jaxcorr.rewards.check_spec`)."""
+  prompts.format_prompt(run.data.prompt_template, Example('', ''))
+  rewards.check_spec(rewards.parse_spec(run.reward.functions))

@@ -1,0 +1,137 @@
+"""The run's policy model: the `model` config section and the model built
+from it.
+
+    ModelConfig ─ transformer_config ─ TransformerConfig (scratch or HF)
+                └ build_policy ─ Policy (module, graphdef, param shardings)
+
+`transformer_config` is the one mapping from the section to the model's
+`TransformerConfig`: `build_policy` initialises a scratch policy from it
+(and loads a HF one with the same options, `_hf_options`), and
+`jaxcorr.export` rebuilds the same shapes from a run's config.json with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+from flax import nnx
+
+from jaxcorr import sharding
+from jaxcorr.config.fields import (
+  DTYPES,
+  boolean,
+  integer,
+  number,
+  one_of,
+  setting,
+  text,
+  validate,
+)
+from jaxcorr.model import Transformer, TransformerConfig, load_hf
+
+_POS, _NAT = integer(1), integer(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The policy: a local Hugging Face checkpoint or a model from scratch.
+
+  The shape fields (vocab_size ... initializer_range) build a scratch model
+  and are ignored with `hf_path`; every field `TransformerConfig` shares is
+  passed on by name (`transformer_config`).
+  """
+
+  hf_path: str = setting(
+    '',
+    text,
+    'Local HF directory (config.json, *.safetensors, tokenizer.json); '
+    "'' builds a randomly initialised model from the shape fields.",
+  )
+  vocab_size: int = setting(32, _POS, 'Scratch model: vocabulary size.')
+  hidden_size: int = setting(128, _POS, 'Scratch model: width.')
+  intermediate_size: int = setting(384, _POS, 'Scratch model: MLP width.')
+  num_layers: int = setting(2, _POS, 'Scratch model: decoder layers.')
+  num_heads: int = setting(4, _POS, 'Scratch model: query heads.')
+  num_kv_heads: int = setting(2, _POS, 'Scratch model: KV heads (GQA).')
+  tie_embeddings: bool = setting(
+    True, boolean, 'Scratch model: the LM head reuses the embedding.'
+  )
+  rope_theta: float = setting(
+    10_000.0, number(0, lo_open=True), 'Scratch model: RoPE base.'
+  )
+  max_position_embeddings: int = setting(
+    512, _POS, 'Scratch model: longest sequence (prompt + response).'
+  )
+  initializer_range: float = setting(
+    0.02, number(0, lo_open=True), 'Std of the random init (scratch models).'
+  )
+  dtype: str = setting(
+    'float32',
+    one_of(*DTYPES),
+    'Trainer compute dtype; log-probs are always float32.',
+  )
+  param_dtype: str = setting(
+    'float32', one_of(*DTYPES), 'Stored parameter dtype of the policy.'
+  )
+  remat: str = setting(
+    'none', one_of('none', 'full', 'dots'), 'Activation checkpointing.'
+  )
+  scan_layers: bool = setting(
+    False, boolean, 'Scan over layers (one layer compiled once; long models).'
+  )
+  logprob_chunk: int = setting(
+    128, _POS, 'Positions per chunk of the chunked log-prob computation.'
+  )
+  init_seed: int = setting(0, _NAT, 'Seed of the random init.')
+
+  def __post_init__(self):
+    validate(self)
+
+
+def _hf_options(model: ModelConfig) -> dict[str, Any]:
+  """The section's fields that apply to a HF checkpoint's config."""
+  return dict(
+    param_dtype=model.param_dtype,
+    dtype=model.dtype,
+    remat=model.remat,
+    scan_layers=model.scan_layers,
+  )
+
+
+def transformer_config(model: ModelConfig) -> TransformerConfig:
+  """The policy's `TransformerConfig`: `hf_path`'s config.json with this
+  section's dtypes, remat and scan_layers, or, for a scratch model, every
+  `config.model` field that `TransformerConfig` also has, by name."""
+  if model.hf_path:
+    return TransformerConfig.from_hf_config(model.hf_path, **_hf_options(model))
+  shared = TransformerConfig.__dataclass_fields__
+  return TransformerConfig(
+    **{k: v for k, v in vars(model).items() if k in shared}
+  )
+
+
+@dataclasses.dataclass
+class Policy:
+  """The policy module, its split form and its parameter shardings."""
+
+  module: Transformer
+  config: TransformerConfig
+  graphdef: Any
+  param_shardings: Any
+
+
+def build_policy(model: ModelConfig, mesh: jax.sharding.Mesh) -> Policy:
+  """The policy on `mesh`: `hf_path`'s weights (`load_hf`, which reads the
+  config `transformer_config` reads), or a random init from `init_seed`."""
+  if model.hf_path:
+    module = load_hf(model.hf_path, mesh=mesh, **_hf_options(model))
+    cfg = module.config
+  else:
+    cfg, seed = transformer_config(model), model.init_seed
+    module = sharding.init_sharded(
+      lambda: Transformer(cfg, rngs=nnx.Rngs(seed)), mesh
+    )
+  graphdef, params = nnx.split(module)
+  return Policy(module, cfg, graphdef, sharding.param_shardings(params, mesh))
