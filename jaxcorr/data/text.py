@@ -55,12 +55,20 @@ class HFTextTokenizer:
 
 
 def make_tokenizer(hf_path: str, config: TransformerConfig) -> Any:
-  """`HFTextTokenizer` of `hf_path`, or the arithmetic `CharTokenizer`."""
+  """`HFTextTokenizer` of `hf_path`, or the arithmetic `CharTokenizer`;
+  ValueError when its vocabulary has ids the model cannot embed."""
   if hf_path:
-    return HFTextTokenizer(load_tokenizer(hf_path), config)
-  from jaxcorr.data.tasks import CharTokenizer
+    tokenizer = HFTextTokenizer(load_tokenizer(hf_path), config)
+  else:
+    from jaxcorr.data.tasks import CharTokenizer
 
-  return CharTokenizer()
+    tokenizer = CharTokenizer()
+  if tokenizer.vocab_size > config.vocab_size:
+    raise ValueError(
+      f'config.model.vocab_size={config.vocab_size} is smaller than the '
+      f'tokenizer vocabulary ({tokenizer.vocab_size})'
+    )
+  return tokenizer
 
 
 def stop_ids(tokenizer: Any) -> tuple[int, ...]:

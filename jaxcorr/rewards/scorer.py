@@ -63,8 +63,9 @@ from typing import Any
 import numpy as np
 
 from jaxcorr.config import fields
+from jaxcorr.rewards.config import RewardConfig
 from jaxcorr.rewards.processes import ProcessPool
-from jaxcorr.rewards.registry import _SPEC, REWARDS
+from jaxcorr.rewards.registry import _SPEC, REWARDS, parse_spec
 from jaxcorr.rewards.workers import Task, WorkerPool
 
 # Abandoned calls of one function that may still be running before the
@@ -231,6 +232,17 @@ class RewardScorer:
       fraction of its rows in `FAILING_SCORES` consecutive `score` calls
       raises `RewardFunctionFailing`. 1: never.
   """
+
+  @classmethod
+  def from_config(cls, cfg: RewardConfig) -> RewardScorer:
+    """The scorer of the run's `reward` section."""
+    return cls(
+      parse_spec(cfg.functions),
+      timeout_s=cfg.timeout_s,
+      step_budget_s=cfg.step_budget_s,
+      isolation=cfg.isolation,
+      max_failure_fraction=cfg.max_failure_fraction,
+    )
 
   def __init__(
     self,

@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 from jaxcorr import sharding
-from jaxcorr.rollout.types import FinishReason, RolloutBatch
+from jaxcorr.rollout import FinishReason, RolloutBatch
 from jaxcorr.train.rollouts import staleness as staleness_lib
 from jaxcorr.train.tracker.reduction import Metric, Metrics
 

@@ -37,7 +37,7 @@ from flax import nnx
 
 from jaxcorr import rewards as reward_fns
 from jaxcorr.data import text
-from jaxcorr.rewards import RewardScorer, parse_spec
+from jaxcorr.rewards import RewardScorer
 from jaxcorr.train import build, preemption, setup, sft
 from jaxcorr.train.checkpoints import workdir as workdir_lib
 from jaxcorr.train.checkpoints.resume import Progress, RunCheckpoints
@@ -98,22 +98,11 @@ class Trainer:
     self.graphdef = policy.graphdef
     self.param_shardings = policy.param_shardings
     self.tokenizer = text.make_tokenizer(run.model.hf_path, self.model_cfg)
-    if self.tokenizer.vocab_size > self.model_cfg.vocab_size:
-      raise ValueError(
-        f'config.model.vocab_size={self.model_cfg.vocab_size} is smaller '
-        f'than the tokenizer vocabulary ({self.tokenizer.vocab_size})'
-      )
     self.state, self.steps = setup.build_learner(run, policy, self.mesh)
     self.ref_params = None
     prompts = setup.build_prompts(run, self.tokenizer.encode)
     self.loader, self.sft_loader = prompts.loader, prompts.sft_loader
-    self.scorer = scorer = RewardScorer(
-      parse_spec(run.reward.functions),
-      timeout_s=run.reward.timeout_s,
-      step_budget_s=run.reward.step_budget_s,
-      isolation=run.reward.isolation,
-      max_failure_fraction=run.reward.max_failure_fraction,
-    )
+    self.scorer = scorer = RewardScorer.from_config(run.reward)
     scorer.start()
     self.engine = self._engine(self.rollout_mesh)
     self.stage = RolloutStage(run, self.engine, self.tokenizer, scorer)

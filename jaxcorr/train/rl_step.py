@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from jaxcorr.rollout.validate import ValidationConfig, validate_rollout_batch
+from jaxcorr.rollout import ValidationConfig, validate_rollout_batch
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train.rollouts import staleness
 from jaxcorr.train.rollouts.stage import Scored

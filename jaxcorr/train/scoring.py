@@ -20,9 +20,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcorr import sampling
-from jaxcorr.model import token_logprobs
+from jaxcorr.model import logprobs_from_hidden, token_logprobs
 from jaxcorr.model.layers import matmul_precision
-from jaxcorr.model.logprobs import logprobs_from_hidden
 from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.run_config import RunConfig
 

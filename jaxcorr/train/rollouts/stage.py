@@ -33,9 +33,8 @@ from jaxcorr.data import prompts as data
 from jaxcorr.data import text
 from jaxcorr.data.tasks import Example
 from jaxcorr.rewards import RewardScorer
-from jaxcorr.rollout import driver
+from jaxcorr.rollout import RolloutBatch, driver
 from jaxcorr.rollout.engine import PolicyEngine
-from jaxcorr.rollout.types import RolloutBatch
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.tracker.reduction import Metric, Metrics
 

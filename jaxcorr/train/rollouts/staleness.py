@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxcorr.rollout.types import RolloutBatch
+from jaxcorr.rollout import RolloutBatch
 from jaxcorr.train.rollouts.config import STALENESS_POLICIES
 from jaxcorr.train.tracker.reduction import Metric, Metrics
 
