@@ -4,7 +4,7 @@
 `grpo.seq_logprob_error_threshold` (`frontier/nemo_rl`, `b59165262`,
 #3671): the goldens are replayed through `rollout_correction`, the config
 path a user takes, not only through the standalone
-`correction_reject.seq_logprob_error_mask` (tests/test_frontier_nemo.py).
+`rejection.seq_logprob_error_mask` (tests/test_frontier_nemo.py).
 NeMo's `null` threshold (metrics only) is a bound no error reaches
 (`rs_bounds=1e9`: errors are clamped at e^20 ≈ 4.85e8).
 
@@ -28,9 +28,10 @@ import golden_data as gd
 from configs import base
 from jaxcorr.config import convert
 from jaxcorr.losses import correction as corr
-from jaxcorr.losses import correction_reject as cr
 from jaxcorr.losses import objective as obj
 from jaxcorr.losses import rewards
+from jaxcorr.losses.correction import rejection as cr
+from jaxcorr.losses.objective_config import ActorLossConfig
 
 FW = 'frontier/nemo_rl'
 C = corr.CorrectionConfig
@@ -276,7 +277,7 @@ def test_bypass_objective_runs_the_criterion_with_rewards():
 
   def loss(logp, seq_reward=None):
     return obj.actor_objective(
-      obj.ActorLossConfig(),
+      ActorLossConfig(),
       cc,
       logp=logp,
       advantages=adv,

@@ -1,5 +1,5 @@
 """NeMo-RL sequence log-prob-error masking (`frontier/nemo_rl`, `b59165262`,
-PR #3671) against `correction_reject.seq_logprob_error_mask`.
+PR #3671) against `rejection.seq_logprob_error_mask`.
 
 NeMo sees `[B, T+1]` arrays with a prompt column 0, which it drops; the
 trainer log-probs are `prev_logprobs` (π_old), the engine's are
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import golden_data as gd
-from jaxcorr.losses import correction_reject as cr
+from jaxcorr.losses.correction import rejection as cr
 
 FW = 'frontier/nemo_rl'
 STATS = ('max', 'mean', 'min')

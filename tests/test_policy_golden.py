@@ -25,7 +25,6 @@ import pytest
 import golden_data as gd
 from jaxcorr.losses import aggregate as agg_lib
 from jaxcorr.losses import policy
-from jaxcorr.losses.policy_base import LossInputs
 
 RTOL = 1e-6
 ATOL = 1e-6
@@ -40,7 +39,7 @@ def per_token(name, logp, old, adv, mask, *, w=None, rollout=None, **kw):
       None if v is None else jnp.where(mask, jnp.asarray(v, jnp.float32), 0)
     )
 
-  x = LossInputs(
+  x = policy.LossInputs(
     logp=clean(logp),
     old_logp=clean(old),
     rollout_logp=clean(rollout),

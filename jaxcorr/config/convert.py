@@ -34,10 +34,10 @@ import ml_collections
 from ml_collections import config_dict
 
 from jaxcorr.config import fields
-from jaxcorr.losses import objective
+from jaxcorr.losses import objective_config
 from jaxcorr.losses.advantages import AdvantageConfig
-from jaxcorr.losses.correction_config import CorrectionConfig
-from jaxcorr.losses.objective import ActorLossConfig, LossConfigs
+from jaxcorr.losses.correction import CorrectionConfig
+from jaxcorr.losses.objective_config import ActorLossConfig, LossConfigs
 from jaxcorr.losses.rewards import KLControlConfig, check_kl_horizon
 from jaxcorr.sharding import MeshConfig
 from jaxcorr.train.run_config import SECTIONS, AlgorithmConfig, RunConfig
@@ -166,7 +166,7 @@ def losses(config: Any, *, rollout_logp_available: bool = True) -> LossConfigs:
       do not read `rollout_logp` and `actor.rollout_kl_coef=0` are allowed.
   """
   pair = LossConfigs(actor=actor(config), correction=correction(config))
-  objective.check_compatible(
+  objective_config.check_compatible(
     *pair, rollout_logp_available=rollout_logp_available
   )
   return pair
@@ -270,7 +270,7 @@ def check_combinations(run: RunConfig) -> None:
     corr is not None
     and corr.mode == 'bypass'
     and t.micro_batches > 1
-    and objective.normalizer_kind(run.losses.actor) == 'mixed'
+    and objective_config.normalizer_kind(run.losses.actor) == 'mixed'
   ):
     fail(
       'config.actor.agg',

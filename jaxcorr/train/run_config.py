@@ -37,7 +37,7 @@ from jaxcorr.train.rollouts.config import (
 )
 
 if TYPE_CHECKING:
-  from jaxcorr.losses.objective import LossConfigs
+  from jaxcorr.losses.objective_config import LossConfigs
   from jaxcorr.sharding import MeshConfig
 
 _POS, _NAT = integer(1), integer(0)
