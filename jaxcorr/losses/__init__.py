@@ -12,6 +12,7 @@ Modules and packages:
     weights         raw, bounded and batch-normalised IS weights
     rejection       the rejection-statistic registry (k1/k2/k3, KPop bkl,
                     NeMo mpe), RS criteria and levels, veto
+    seq_error       NeMo-RL's sequence log-prob error mask on its own
     metrics         the `rollout_corr/` diagnostics
   policy/           the policy losses; face: policy_loss, check_knobs,
                     PolicyKnobs, LossInputs, LOSSES and its views

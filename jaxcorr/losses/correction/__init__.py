@@ -15,6 +15,7 @@ and any other name from the module that defines it:
   weights    raw, bounded and batch-normalised IS weights
   rejection  the rejection-statistic registry (k1/k2/k3, KPop's bkl, NeMo's
              mpe) with its levels, the RS criteria, the veto
+  seq_error  NeMo-RL's sequence log-prob error mask on its own, in its shape
   metrics    the `rollout_corr/` diagnostics
 """
 

@@ -6,7 +6,7 @@ The rollout engine sampled the tokens from μ; the trainer's policy is
 `r = log π_train − log μ` (so `ρ = exp(r)`), one call
 
 * drops the rows with a non-finite log-prob at a valid token, and counts
-  them (§4.2);
+  them (docs/math/correction.md §4.2);
 * computes the IS weights of `is_level` (`jaxcorr.losses.correction.weights`);
 * ANDs the RS criteria and the vetoes (`jaxcorr.losses.correction.rejection`);
 * logs the diagnostics under `rollout_corr/`, with a key set fixed by the

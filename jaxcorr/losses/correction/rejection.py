@@ -24,9 +24,8 @@ statistic offers (`RS_CRITERIA`): `token` keeps token by token, `seq_sum`,
 row. `rejection` ANDs the criteria of a config; `veto` drops every row with a
 catastrophic token; `keep_mask` is both, with their metrics.
 
-`seq_logprob_error_mask` is the `seq_mean_mpe` criterion alone in NeMo-RL's
-own shape (a sample mask, a threshold that may be None, its metrics and
-their micro-batch reduction `reduce_seq_error_metrics`).
+The `seq_mean_mpe` criterion alone, in NeMo-RL's own shape, is
+`jaxcorr.losses.correction.seq_error.seq_logprob_error_mask`.
 
 Everything is pure and jit-able; padding is zeroed at the inputs.
 """
@@ -35,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 import jax
@@ -396,117 +395,3 @@ def keep_mask(
         cm.veto_metrics(cat, vetoed, x.m, valid, high=high, dtype=n.dtype)
       )
   return keep
-
-
-# ----------------------------------- NeMo-RL's sequence-error mask, alone
-
-
-def seq_logprob_error_mask(
-  train_logp: jax.Array,
-  rollout_logp: jax.Array,
-  token_mask: jax.Array,
-  sample_mask: jax.Array,
-  rewards: jax.Array,
-  *,
-  threshold: float | None,
-) -> tuple[jax.Array, Metrics]:
-  """Drops sequences whose mean `exp(|Δ log-prob|)` exceeds a threshold.
-
-  With `m = token_mask ∧ sample_mask_i` and `n_i = Σ_t m`, the error is
-  `e_i = Σ_t mpe_t·m / n_i` (`mult_prob_error`; rows with `n_i = 0` have no
-  error and take no part in the statistics). With a threshold,
-  `sample_mask_i ← sample_mask_i ∧ e_i ≤ threshold`; a masked sequence is
-  "correct" when its reward is exactly 1.
-
-  Args:
-    train_logp, rollout_logp: `[B, T]` log π_train and log μ.
-    token_mask: bool `[B, T]` valid response tokens.
-    sample_mask: bool `[B]` sequences in the batch.
-    rewards: `[B]` sequence rewards.
-    threshold: the error bound (≥ 1), or None for diagnostics only.
-
-  Returns:
-    `(sample_mask_after [B] bool, metrics)` with `seq_mult_prob_error_{max,
-    mean,min}` over the non-empty sequences, the same `_after_mask` over the
-    kept ones (0 for an empty set, D14), `num_masked_seqs`,
-    `masked_correct_fraction` (0 when nothing was masked) and
-    `num_valid_seqs_{before,after}` (the weights of a count-weighted
-    reduction, `reduce_seq_error_metrics`).
-  """
-  mk.check_mask(token_mask, 'token_mask')
-  mk.check_mask(sample_mask, 'sample_mask')
-  mk.check_shapes(
-    {
-      'train_logp': train_logp,
-      'rollout_logp': rollout_logp,
-      'token_mask': token_mask,
-    }
-  )
-  mk.check_shapes({'sample_mask': sample_mask, 'rewards': rewards}, ndim=1)
-  if threshold is not None and not (
-    mk.is_number(threshold) and math.isfinite(threshold) and threshold >= 1
-  ):
-    raise ValueError(
-      f'threshold={threshold!r} is invalid; allowed: a finite number >= 1 '
-      '(every error is >= 1, so a smaller one drops every sequence) or None'
-    )
-  m = token_mask & sample_mask[:, None]
-  dtype = mk.float_dtype(train_logp, rollout_logp)
-  delta = mk.sanitize(train_logp, m, dtype) - mk.sanitize(
-    rollout_logp, m, dtype
-  )
-  n = mk.row_count(m, dtype)
-  err = mk.safe_div(mk.row_sum(mult_prob_error(delta), m), n)
-  valid = n > 0
-  keep = sample_mask
-  if threshold is not None:
-    keep = sample_mask & (err <= threshold)
-  after = seq_error_metrics(err, keep, valid, rewards)
-  metrics = {
-    'seq_mult_prob_error_max': mk.rows_max(err, valid),
-    'seq_mult_prob_error_mean': mk.rows_mean(err, valid),
-    'seq_mult_prob_error_min': mk.rows_min(err, valid),
-    'seq_mult_prob_error_max_after_mask': after['kept_seq_max'],
-    'seq_mult_prob_error_mean_after_mask': after['kept_seq_mean'],
-    'seq_mult_prob_error_min_after_mask': after['kept_seq_min'],
-    # A dropped row is non-empty: an empty one has error 0 < 1 ≤ threshold.
-    'num_masked_seqs': jnp.sum(sample_mask & ~keep, dtype=dtype),
-    'masked_correct_fraction': after['masked_correct_fraction'],
-    'num_valid_seqs_before': jnp.sum(valid, dtype=dtype),
-    'num_valid_seqs_after': jnp.sum(valid & keep, dtype=dtype),
-  }
-  return jax.lax.stop_gradient(keep), jax.lax.stop_gradient(metrics)
-
-
-def reduce_seq_error_metrics(parts: Sequence[Metrics]) -> Metrics:
-  """Combines `seq_logprob_error_mask` metrics of several micro-batches.
-
-  Means are weighted by the valid-sequence counts (`_after_mask` by the
-  kept counts), max of maxes and min of mins over parts that have a
-  sequence, `num_masked_seqs` summed, `masked_correct_fraction` weighted by
-  each part's masked count. Equals the metrics of one call on the
-  concatenated batch.
-  """
-  out: Metrics = {}
-  for suffix, count in (('', 'before'), ('_after_mask', 'after')):
-    w = jnp.stack([p[f'num_valid_seqs_{count}'] for p in parts])
-    has = w > 0
-
-    def col(stat, suffix=suffix):
-      return jnp.stack(
-        [p[f'seq_mult_prob_error_{stat}{suffix}'] for p in parts]
-      )
-
-    out[f'seq_mult_prob_error_mean{suffix}'] = mk.safe_div(
-      jnp.sum(w * col('mean')), jnp.sum(w)
-    )
-    out[f'seq_mult_prob_error_max{suffix}'] = mk.rows_max(col('max'), has)
-    out[f'seq_mult_prob_error_min{suffix}'] = mk.rows_min(col('min'), has)
-    out[f'num_valid_seqs_{count}'] = jnp.sum(w)
-  masked = jnp.stack([p['num_masked_seqs'] for p in parts])
-  frac = jnp.stack([p['masked_correct_fraction'] for p in parts])
-  out['num_masked_seqs'] = jnp.sum(masked)
-  out['masked_correct_fraction'] = mk.safe_div(
-    jnp.sum(masked * frac), jnp.sum(masked)
-  )
-  return out
