@@ -46,10 +46,10 @@ arrays are global, so a single call on the mini-batch needs none of them.
   summed count (`aggregate.finalize`). Because the count carries no gradient,
   this equals the mini-batch call exactly. This needs every active term to share
   one divisor; `objective_config.normalizer_kind(cfg)` says which (`'tokens'`,
-  `'seqs'` or `'none'` for token_sum). It returns `'mixed'` only when `cfg.agg` is None, the
-  policy loss's natural mode is a seq mode (gspo, gspo_seq, sapo, geo_mean) and
-  an entropy or KL term is on; then set `agg` explicitly or keep one gradient
-  accumulator per divisor. Bypass statistics that are batch-level by design
+  `'seqs'` or `'none'` for token_sum). It returns `'mixed'` only when `cfg.agg`
+  is None, the policy loss's natural mode is a seq mode (gspo, gspo_seq, sapo,
+  geo_mean) and an entropy or KL term is on; then set `agg` explicitly or keep
+  one gradient accumulator per divisor. Bypass statistics that are batch-level by design
   (batch normalisation, metrics) cover one call, as in verl
   (docs/math/correction.md §2).
 """
