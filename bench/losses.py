@@ -27,6 +27,7 @@ import numpy as np
 
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective as obj_lib
+from jaxcorr.losses import objective_config
 from jaxcorr.losses import policy as policy_lib
 
 GEO_RS = dict(rs=('seq_mean_k1',), rs_bounds=((0.999, 1.001),))
@@ -53,7 +54,9 @@ def jax_pipelines():
   byp_cfg = corr_lib.CorrectionConfig(
     mode='bypass', bypass_loss='reinforce', **TIS, **GEO_RS
   )
-  actor = obj_lib.ActorLossConfig(policy_loss='reinforce', agg='token_mean')
+  actor = objective_config.ActorLossConfig(
+    policy_loss='reinforce', agg='token_mean'
+  )
 
   @jax.jit
   def decoupled(logp, old, rollout, adv, mask):

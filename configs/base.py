@@ -27,11 +27,12 @@ table). The critic has its own section (`configs/trainer.py`).
 Conventions:
 
 * Every field (name, default, allowed values, doc) is declared once, on its
-  frozen dataclass: `CorrectionConfig` (jaxcorr/losses/correction_config.py),
+  frozen dataclass: `CorrectionConfig` (jaxcorr/losses/correction/config.py),
   `ActorLossConfig` and the `PolicyKnobs` it inherits
-  (jaxcorr/losses/objective_config.py, policy_base.py), and the trainer
-  sections (`configs/trainer.py`). The sections here are derived from them
-  (`jaxcorr.config.convert.section`); `correction.enabled` is the switch.
+  (jaxcorr/losses/objective_config.py, jaxcorr/losses/policy/inputs.py), and
+  the trainer sections (`configs/trainer.py`). The sections here are derived
+  from them (`jaxcorr.config.convert.section`); `correction.enabled` is the
+  switch.
 * Fields that may be None are typed placeholders
   (`config_dict.placeholder(float)`), so a CLI override such as
   `--config.correction.is_lower=0.5` is parsed with the right type.
@@ -60,7 +61,7 @@ import ml_collections
 from configs import presets, trainer
 from configs.algorithm import algorithm_section
 from jaxcorr.config.convert import section
-from jaxcorr.losses.correction_config import CorrectionConfig
+from jaxcorr.losses.correction import CorrectionConfig
 from jaxcorr.losses.objective_config import ActorLossConfig
 
 

@@ -12,7 +12,8 @@ fields::
 Names:
 
 * the 29 presets of `PRESETS` (the first 19 carry verl's names and values;
-  three use the 2026 stale-data losses of `losses/policy_stale.py`, and
+  three use the stale-data losses `m2po`, `topr` and `cispo_rollout`
+  (jaxcorr/losses/policy/ratio.py, jaxcorr/losses/policy/logprob.py), and
   `nemo_seq_logprob_error` NeMo-RL's sequence log-prob-error mask);
 * `<preset>+rollout_kl`: the preset plus the rollout-KL term
   (`actor.rollout_kl_type='k2'`, `actor.rollout_kl_coef=2e-3`);
@@ -115,7 +116,7 @@ PRESETS: dict[str, dict[str, Any]] = {
   },
   # --------------------- stale-data losses (docs/correction.md §2, the
   # estimators for stale data)
-  # Knobs at their references' defaults (policy_base.PolicyKnobs).
+  # Knobs at their references' defaults (jaxcorr.losses.policy.PolicyKnobs).
   'decoupled_m2po': {**_DEC, 'actor.policy_loss': 'm2po'},
   'decoupled_topr': {**_DEC, 'actor.policy_loss': 'topr'},
   'bypass_cispo_rollout': {**_PPO, 'actor.policy_loss': 'cispo_rollout'},

@@ -28,7 +28,7 @@ from ml_collections import config_flags
 
 from configs import base as base_config
 from configs import presets
-from jaxcorr.losses import advantages, objective, rewards
+from jaxcorr.losses import advantages, objective, objective_config, rewards
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.train import build
 
@@ -114,7 +114,7 @@ def simulate(key: jax.Array, mismatch: str, b: int, t: int, v: int) -> dict:
   )
 
 
-def make_step(actor: objective.ActorLossConfig, corr):
+def make_step(actor: objective_config.ActorLossConfig, corr):
   """One jitted step: correction (decoupled) + objective + parameter grads."""
 
   @jax.jit

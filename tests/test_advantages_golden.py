@@ -30,6 +30,7 @@ import pytest
 
 import golden_data as gd
 from jaxcorr.losses import advantages as adv_lib
+from jaxcorr.losses import advantages_scan as scan_lib
 from jaxcorr.losses import kl as kl_lib
 from jaxcorr.losses import masked
 from jaxcorr.losses import rewards as rw
@@ -105,7 +106,7 @@ def test_verl_advantage(case):
     # verl's GDPO is whiten(grpo) over the batch; rebuilt from jaxcorr's
     # public grpo and whiten.
     a, _ = _run('grpo', kw['token_level_rewards'], m, ids, norm_adv_by_std=norm)
-    a = adv_lib.whiten(a, m)
+    a = scan_lib.whiten(a, m)
     _close(a, out['advantages'], m)
     _close(a, out['returns'], m)
     return
@@ -228,9 +229,9 @@ def test_skyrl_util(case):
     return
   m = kw['mask'] > 0
   if case['id'] == 'util/masked_whiten':
-    _close(adv_lib.whiten(kw['values'], m), out, m)
+    _close(scan_lib.whiten(kw['values'], m), out, m)
   else:
-    _close(adv_lib.masked_var(kw['values'], m), out)
+    _close(scan_lib.masked_var(kw['values'], m), out)
 
 
 # ==================================================================== slime
@@ -298,7 +299,7 @@ def _slime_pipeline(kw, resp, loss, rewards, ids, t):
   norm = kw['normalize_advantages']
   if est in ('grpo', 'gspo', 'cispo'):
     a, r = _run('grpo', scores, loss, ids)
-    return (adv_lib.whiten(a, loss) if norm else a), r, kl
+    return (scan_lib.whiten(a, loss) if norm else a), r, kl
   if est == 'ppo':
     values = _unpack(kw['values'], lengths, t)
     a, r = _run(
@@ -315,7 +316,7 @@ def _slime_pipeline(kw, resp, loss, rewards, ids, t):
   # rebuilt from jaxcorr's grpo (centring), the returned kl and whiten.
   centred, _ = _run('grpo', scores, loss, ids, norm_adv_by_std=False)
   tok = np.where(loss, centred - kw['kl_coef'] * np.asarray(kl), 0)
-  return np.asarray(adv_lib.whiten(tok, loss)), tok, kl
+  return np.asarray(scan_lib.whiten(tok, loss)), tok, kl
 
 
 @pytest.mark.parametrize('case', gd.case_params('slime', group='adv'))
@@ -353,7 +354,7 @@ def test_slime_advantage(case):
       slime_g = exp_r
       if kw['advantage_estimator'] == 'ppo':
         slime_g = exp_r - _unpack(kw['values'], lengths, t)
-      _close(adv_lib.whiten(slime_g, loss), exp_a, loss, what='whiten')
+      _close(scan_lib.whiten(slime_g, loss), exp_a, loss, what='whiten')
       return
   _close(a, exp_a, cmp, what='advantages')
   _close(r, exp_r, cmp, what='returns')
@@ -422,7 +423,7 @@ def test_slime_util(case):
     _close(r, out['returns'], resp)
     return
   m = kw['mask'][None] > 0
-  _close(adv_lib.whiten(kw['values'][None], m), out['out'][None], m)
+  _close(scan_lib.whiten(kw['values'][None], m), out['out'][None], m)
 
 
 @pytest.mark.parametrize('case', gd.case_params('slime', group='bug2114'))
@@ -582,9 +583,9 @@ def test_d12_whitening_fewer_than_two_tokens_only_centres():
   """verl raises on < 2 valid tokens; jaxcorr centres (0 for one token)."""
   x = np.array([[3.0, 7.0, -1.0]], np.float32)
   one = np.array([[False, True, False]])
-  np.testing.assert_array_equal(np.asarray(adv_lib.whiten(x, one)), 0.0)
+  np.testing.assert_array_equal(np.asarray(scan_lib.whiten(x, one)), 0.0)
   none = np.zeros_like(one)
-  np.testing.assert_array_equal(np.asarray(adv_lib.whiten(x, none)), 0.0)
+  np.testing.assert_array_equal(np.asarray(scan_lib.whiten(x, none)), 0.0)
   for name in ('reinforce_plus_plus', 'reinforce_plus_plus_baseline', 'gae'):
     a, _ = _run(
       name, x, one, np.zeros(1, np.int32), values=np.ones_like(x), lam=0.95

@@ -284,6 +284,42 @@ def test_empty_batch_and_all_equal_rewards():
     np.testing.assert_allclose(np.asarray(a), 0.0, atol=1e-6, err_msg=est)
 
 
+@pytest.mark.parametrize(
+  'estimator, norm',
+  [
+    ('grpo', True),
+    ('grpo', False),
+    ('reinforce_plus_plus', True),
+    ('gae', True),
+  ],
+)
+def test_large_finite_rewards_keep_finite_signed_advantages(estimator, norm):
+  """Rewards of ±1e30 are finite in float32 but their squared deviations
+  are not: the group std (grpo) and the whitening variance (gae,
+  reinforce++) must not overflow to inf and zero every advantage. Each
+  advantage is the one of rewards ±1 scaled as the estimator scales."""
+  m = np.ones((6, 3), bool)
+  m[4:, 2] = False  # shorter rows: the reward sits on another token
+  sign = np.array([1, -1, 1, -1, 1, -1], np.float32)
+  small = np.zeros((6, 3), np.float32)
+  small[np.arange(6), np.where(m[:, 2], 2, 1)] = sign
+  ids = np.array([0, 0, 0, 0, 1, 1], np.int32)
+  values = np.zeros((6, 3), np.float32)
+
+  def adv(r):
+    a, _ = jitted()(estimator, r, m, ids, values=values, norm_adv_by_std=norm)
+    return np.asarray(a)
+
+  big, ref = adv(small * np.float32(1e30)), adv(small)
+  assert np.isfinite(big).all()
+  np.testing.assert_array_equal(np.sign(big), np.sign(ref))
+  assert (np.sign(ref[m]) != 0).any()
+  # Normalised estimators are scale-free (eps aside); grpo without the std
+  # is linear in the rewards.
+  want = ref * np.float32(1e30) if estimator == 'grpo' and not norm else ref
+  np.testing.assert_allclose(big, want, rtol=2e-5)
+
+
 # --------------------------------------------------- jit, compile, shard
 
 

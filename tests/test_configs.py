@@ -19,11 +19,12 @@ from configs import base, presets
 from jaxcorr.config import fields
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective as obj
+from jaxcorr.losses.objective_config import ActorLossConfig
 from jaxcorr.train import build
 
 BASE_FILE = str(pathlib.Path(base.__file__))
 C = corr_lib.CorrectionConfig
-A = obj.ActorLossConfig
+A = ActorLossConfig
 GEO = dict(rs=('seq_mean_k1',), rs_bounds=((0.999, 1.001),))
 K3 = dict(rs=('seq_mean_k3',), rs_bounds=((None, 0.01),))
 PG = dict(mode='bypass', bypass_loss='reinforce')

@@ -4,7 +4,7 @@
 `grpo.seq_logprob_error_threshold` (`frontier/nemo_rl`, `b59165262`,
 #3671): the goldens are replayed through `rollout_correction`, the config
 path a user takes, not only through the standalone
-`correction_reject.seq_logprob_error_mask` (tests/test_frontier_nemo.py).
+`seq_error.seq_logprob_error_mask` (tests/test_frontier_nemo.py).
 NeMo's `null` threshold (metrics only) is a bound no error reaches
 (`rs_bounds=1e9`: errors are clamped at e^20 ≈ 4.85e8).
 
@@ -27,9 +27,10 @@ import pytest
 import golden_data as gd
 from configs import base
 from jaxcorr.losses import correction as corr
-from jaxcorr.losses import correction_reject as cr
 from jaxcorr.losses import objective as obj
 from jaxcorr.losses import rewards
+from jaxcorr.losses.correction import seq_error
+from jaxcorr.losses.objective_config import ActorLossConfig
 from jaxcorr.train import build
 
 FW = 'frontier/nemo_rl'
@@ -144,7 +145,7 @@ def test_config_path_equals_standalone(threshold):
     train, roll, mask, _cfg(threshold), seq_reward=reward
   )
   ones = jnp.ones(mask.shape[0], bool)
-  keep, met = cr.seq_logprob_error_mask(
+  keep, met = seq_error.seq_logprob_error_mask(
     train, roll, mask, ones, reward, threshold=threshold
   )
   np.testing.assert_array_equal(out.mask, mask & keep[:, None])
@@ -264,7 +265,9 @@ def test_input_errors():
     corr.rollout_correction(train, roll, mask, _cfg(1.2), seq_reward=reward[1:])
   ones = jnp.ones(mask.shape[0], bool)
   with pytest.raises(ValueError, match=r'threshold=0\.5 is invalid'):
-    cr.seq_logprob_error_mask(train, roll, mask, ones, reward, threshold=0.5)
+    seq_error.seq_logprob_error_mask(
+      train, roll, mask, ones, reward, threshold=0.5
+    )
 
 
 def test_bypass_objective_runs_the_criterion_with_rewards():
@@ -276,7 +279,7 @@ def test_bypass_objective_runs_the_criterion_with_rewards():
 
   def loss(logp, seq_reward=None):
     return obj.actor_objective(
-      obj.ActorLossConfig(),
+      ActorLossConfig(),
       cc,
       logp=logp,
       advantages=adv,

@@ -23,6 +23,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxcorr.losses import correction as corr
+from jaxcorr.losses import masked
+from jaxcorr.losses.correction import config as corr_config
+from jaxcorr.losses.correction import rejection
 
 CC = corr.CorrectionConfig
 PREFIX = corr.METRIC_PREFIX
@@ -91,9 +94,9 @@ jitted = jax.jit(corr.rollout_correction, static_argnames='cfg')
 
 def test_configs_cover_every_feature():
   cfgs = CONFIGS.values()
-  assert {c.is_level for c in cfgs} == {None, *corr.IS_LEVELS}
-  assert {c.is_mode for c in cfgs if c.is_level} == set(corr.IS_MODES)
-  assert sorted(n for c in cfgs for n in c.rs) == sorted(corr.RS_CRITERIA)
+  assert {c.is_level for c in cfgs} == {None, *corr_config.IS_LEVELS}
+  assert {c.is_mode for c in cfgs if c.is_level} == set(corr_config.IS_MODES)
+  assert sorted(n for c in cfgs for n in c.rs) == sorted(rejection.RS_CRITERIA)
   assert any(c.veto_low for c in cfgs) and any(c.veto_high for c in cfgs)
 
 
@@ -381,7 +384,7 @@ def eager_batch(p: dict):
 
 @settings(max_examples=15)
 @hp.given(
-  level=st.sampled_from(corr.IS_LEVELS),
+  level=st.sampled_from(corr_config.IS_LEVELS),
   upper=st.floats(0.1, 10.0),
   params=batch_params(),
 )
@@ -397,8 +400,8 @@ def test_truncated_weights_never_exceed_cu(level, upper, params):
 
 @settings(max_examples=15)
 @hp.given(
-  level=st.sampled_from(corr.IS_LEVELS),
-  mode=st.sampled_from(corr.IS_MODES),
+  level=st.sampled_from(corr_config.IS_LEVELS),
+  mode=st.sampled_from(corr_config.IS_MODES),
   upper=st.floats(1.0, 10.0),
   params=batch_params(),
 )
@@ -441,17 +444,17 @@ def test_batch_normalised_weights_have_mean_one(level, mode, upper, params):
 @st.composite
 def band_with_one(draw):
   """A random config whose every band contains ratio 1."""
-  level = draw(st.sampled_from((None, *corr.IS_LEVELS)))
+  level = draw(st.sampled_from((None, *corr_config.IS_LEVELS)))
   fields = dict(
-    mode=draw(st.sampled_from(corr.MODES)),
+    mode=draw(st.sampled_from(corr_config.MODES)),
     is_level=level,
-    is_mode=draw(st.sampled_from(corr.IS_MODES)),
+    is_mode=draw(st.sampled_from(corr_config.IS_MODES)),
     is_upper=draw(st.floats(1.0, 10.0)),
     is_batch_normalize=level is not None and draw(st.booleans()),
   )
   if draw(st.booleans()):
     fields['is_lower'] = draw(st.floats(0.05, 1.0))
-  names = draw(st.lists(st.sampled_from(corr.RS_CRITERIA), unique=True))
+  names = draw(st.lists(st.sampled_from(rejection.RS_CRITERIA), unique=True))
   bounds = []
   for name in names:
     up = draw(st.floats(1.0, 5.0)) if name.endswith('k1') else 1e-3
@@ -549,7 +552,7 @@ def test_trace_time_errors():
 
 # ---------------------------------------------------------------- config
 
-ALL_RS = ', '.join(corr.RS_CRITERIA)
+ALL_RS = ', '.join(rejection.RS_CRITERIA)
 INVALID = [
   # (kwargs, field named in the message, allowed values in the message)
   (dict(mode='sync'), 'mode', "'decoupled', 'bypass'"),
@@ -751,12 +754,12 @@ def test_pairwise_row_sum(t):
   rng = np.random.default_rng(t)
   mask = rng.random((3, t)) < 0.7
   ints = rng.integers(-50, 50, (3, t)).astype(np.float32)
-  got = np.asarray(corr._row_sum_pairwise(jnp.asarray(ints), mask))
+  got = np.asarray(masked.row_sum_pairwise(jnp.asarray(ints), mask))
   np.testing.assert_array_equal(got, (ints * mask).sum(-1))
   garbage = np.where(mask, ints, np.nan).astype(np.float32)
-  got = np.asarray(corr._row_sum_pairwise(jnp.asarray(garbage), mask))
+  got = np.asarray(masked.row_sum_pairwise(jnp.asarray(garbage), mask))
   np.testing.assert_array_equal(got, (ints * mask).sum(-1))
   x = rng.normal(0, 1, (3, t)).astype(np.float32)
   exact = (x.astype(np.float64) * mask).sum(-1)
-  got = np.asarray(corr._row_sum_pairwise(jnp.asarray(x), mask))
+  got = np.asarray(masked.row_sum_pairwise(jnp.asarray(x), mask))
   np.testing.assert_allclose(got, exact, rtol=0, atol=4e-7 * max(1, t) ** 0.5)

@@ -35,8 +35,8 @@ import numpy as np
 import pytest
 
 import golden_data as gd
-from jaxcorr.losses import correction, correction_reject, policy
-from jaxcorr.losses.correction_config import CorrectionConfig
+from jaxcorr.losses import correction, policy
+from jaxcorr.losses.correction import CorrectionConfig, rejection
 
 FW = 'frontier/areal'
 RTOL = ATOL = 1e-6
@@ -109,7 +109,7 @@ def run_correction(kw, rs_cfg, prox='proximal_logprobs', beh='old_logprobs'):
   if kl_lower is not None:
     # D25: jaxcorr has no lower bound on a KL statistic; AReaL's extra
     # condition is applied here on jaxcorr's own KPop statistic.
-    stat = np.asarray(correction_reject.kpop_statistic(train, roll, mask))
+    stat = np.asarray(rejection.kpop_statistic(train, roll, mask))
     keep = keep & (stat >= kl_lower)
     w = np.where(keep, w, 0)
   return out, keep, w, np.asarray(mask), cu
@@ -151,7 +151,7 @@ def test_binary_kl(case):
   kw = gs.kwargs(case)
   want = gs.outputs(case)['kl']
   got = np.asarray(
-    correction_reject.bernoulli_kl(
+    rejection.bernoulli_kl(
       jnp.asarray(kw['log_p']), jnp.asarray(kw['log_q']), eps=kw['eps']
     )
   )
@@ -189,7 +189,7 @@ def test_d24_certain_token_is_kept_not_silently_rejected():
     lp, lp, mask, CorrectionConfig(rs='token_bkl', rs_bounds=0.01)
   )
   assert bool(jnp.all(out.mask))
-  stat = correction_reject.kpop_statistic(lp, lp, mask)
+  stat = rejection.kpop_statistic(lp, lp, mask)
   np.testing.assert_allclose(stat, 0, atol=1e-7)
 
 

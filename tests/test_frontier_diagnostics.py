@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcorr.losses import correction as corr
-from jaxcorr.losses import correction_metrics as cm
+from jaxcorr.losses.correction import metrics as cm
 
 P = corr.METRIC_PREFIX
 

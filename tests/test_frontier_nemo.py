@@ -1,5 +1,5 @@
 """NeMo-RL sequence log-prob-error masking (`frontier/nemo_rl`, `b59165262`,
-PR #3671) against `correction_reject.seq_logprob_error_mask`.
+PR #3671) against `seq_error.seq_logprob_error_mask`.
 
 NeMo sees `[B, T+1]` arrays with a prompt column 0, which it drops; the
 trainer log-probs are `prev_logprobs` (π_old), the engine's are
@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 
 import golden_data as gd
-from jaxcorr.losses import correction_reject as cr
+from jaxcorr.losses.correction import seq_error
 
 FW = 'frontier/nemo_rl'
 STATS = ('max', 'mean', 'min')
 
 
 def _call(kw, rows=slice(None)):
-  return cr.seq_logprob_error_mask(
+  return seq_error.seq_logprob_error_mask(
     jnp.asarray(kw['prev_logprobs'][rows, 1:]),
     jnp.asarray(kw['generation_logprobs'][rows, 1:]),
     jnp.asarray(kw['token_mask'][rows, 1:] > 0),
@@ -75,7 +75,7 @@ def test_chunked_reduction(case):
   np.testing.assert_array_equal(
     np.concatenate(keeps), out['sample_mask_after'] > 0
   )
-  reduced = cr.reduce_seq_error_metrics(parts)
+  reduced = seq_error.reduce_seq_error_metrics(parts)
   _check(reduced, out['step_metrics'], 'num_masked_seqs_by_logprob_error')
   whole = _call(kw)[1]
   for k, v in reduced.items():

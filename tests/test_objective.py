@@ -25,6 +25,7 @@ from configs import presets
 from jaxcorr.losses import aggregate as agg_lib
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective as obj
+from jaxcorr.losses import objective_config as obj_cfg
 from jaxcorr.losses import policy as pol
 from jaxcorr.losses import value as val
 from jaxcorr.train import build
@@ -97,7 +98,7 @@ def _verl_rc(rc: dict, **extra) -> corr_lib.CorrectionConfig:
 def _verl_preset(name):
   if name == '__default__':  # verl's dataclass default: sequence TIS, 2.0
     cc = corr_lib.CorrectionConfig(is_level='sequence', is_upper=2.0)
-    return obj.ActorLossConfig(), cc
+    return obj_cfg.ActorLossConfig(), cc
   return _preset(name)
 
 
@@ -209,7 +210,7 @@ def test_verl_ploss_bypass_mode(case):
     return
   cc = _verl_bypass_rc(case)
   name = 'reinforce' if cc.bypass_loss == 'reinforce' else 'vanilla'
-  actor = obj.ActorLossConfig(policy_loss=name, agg=kw['loss_agg_mode'])
+  actor = obj_cfg.ActorLossConfig(policy_loss=name, agg=kw['loss_agg_mode'])
   loss, met, grad = _grad_logp(
     actor,
     cc,
@@ -254,7 +255,7 @@ def test_verl_ploss_gbi_bypass_mode(case):
   gbi = kw['config']['global_batch_info']
   mode = agg_lib.canonical_mode(kw['loss_agg_mode'])
   cc = _verl_bypass_rc(case)
-  actor = obj.ActorLossConfig(policy_loss='reinforce', agg=mode)
+  actor = obj_cfg.ActorLossConfig(policy_loss='reinforce', agg=mode)
   args = dict(
     advantages=kw['advantages'],
     mask=kw['response_mask'].astype(bool),
@@ -311,7 +312,7 @@ def test_verl_ploss_gbi_bypass_mode(case):
 def test_verl_kl_loss(case):
   """Reference-KL term: kl_penalty + agg_loss, scaled by kl_loss_coef."""
   kw = VERL.kwargs(case)
-  actor = obj.ActorLossConfig(
+  actor = obj_cfg.ActorLossConfig(
     agg=kw['loss_agg_mode'],
     kl_loss_type=kw['kl_loss_type'],
     kl_loss_coef=kw['kl_loss_coef'],
@@ -356,7 +357,7 @@ def test_verl_edge_all_rejected(case):
   kw = VERL.kwargs(case)
   bypass = '/bypass_reinforce/' in case['id']
   cc = _all_rejected_cfg('bypass' if bypass else '')
-  actor = obj.ActorLossConfig(
+  actor = obj_cfg.ActorLossConfig(
     policy_loss='reinforce' if bypass else 'vanilla',
     agg=kw['loss_agg_mode'],
     entropy_coeff=0.01,
@@ -408,7 +409,7 @@ def test_skyrl_rollout_kl_loss(case):
   """PR #1811's rollout-KL = Krol with agg='seq_mean_token_mean'."""
   kw = SKYRL.kwargs(case)
   mask = kw['loss_mask'].astype(bool)
-  actor = obj.ActorLossConfig(
+  actor = obj_cfg.ActorLossConfig(
     agg='seq_mean_token_mean',
     rollout_kl_type=kw['rollout_kl_estimator_type'],
     rollout_kl_coef=1.0,
@@ -474,7 +475,7 @@ def test_skyrl_compose_d5_divergence():
     SKYRL.outputs(SKYRL.case('rollout_kl_loss/k2'))['rollout_kl'],
   )
   cc = corr_lib.CorrectionConfig(**SKYRL_COMBO)
-  actor = obj.ActorLossConfig(
+  actor = obj_cfg.ActorLossConfig(
     clip_ratio_c=None,  # SkyRL 'regular' has no dual clip
     kl_loss_type='k3',
     kl_loss_coef=1e-3,
@@ -536,7 +537,7 @@ def test_skyrl_compose_padding_microbatch():
   corr = jax.jit(corr_lib.rollout_correction, static_argnums=3)(
     kw['old_log_probs'], kw['rollout_logprobs'], mask, cc
   )
-  actor = obj.ActorLossConfig(clip_ratio_c=None, rollout_kl_coef=0.1)
+  actor = obj_cfg.ActorLossConfig(clip_ratio_c=None, rollout_kl_coef=0.1)
   loss, met, grad = _grad_logp(
     actor,
     cc,
@@ -661,7 +662,7 @@ def _slime_run(case_id):
   # slime's loss is Σ over samples of the per-sample token mean: that is
   # seq_mean_token_mean with num_seqs=1 (or token_sum per token).
   per_token = a['calculate_per_token_loss']
-  actor = obj.ActorLossConfig(
+  actor = obj_cfg.ActorLossConfig(
     policy_loss=name,
     agg='token_sum' if per_token else 'seq_mean_token_mean',
     entropy_coeff=a['entropy_coef'],
@@ -903,7 +904,7 @@ def test_micro_batches_with_global_normalizers_decoupled(mode):
   """Decoupled: counts of the corrected mini-batch mask, split in 4."""
   data = _batch()
   name = 'gspo' if mode is None else 'vanilla'  # None: mixed divisors
-  actor = obj.ActorLossConfig(policy_loss=name, agg=mode, **ALL_TERMS)
+  actor = obj_cfg.ActorLossConfig(policy_loss=name, agg=mode, **ALL_TERMS)
   cc = RS_DECOUPLED
   rest = {k: v for k, v in data.items() if k != 'logp'}
 
@@ -957,9 +958,11 @@ def test_micro_batches_bypass_rejection_aggregate_terms(mode):
   metrics; the sums are divided once at the end.
   """
   data = _batch(seed=1)
-  actor = obj.ActorLossConfig(policy_loss='reinforce', agg=mode, **ALL_TERMS)
+  actor = obj_cfg.ActorLossConfig(
+    policy_loss='reinforce', agg=mode, **ALL_TERMS
+  )
   cc = RS_BYPASS
-  kind = obj.normalizer_kind(actor)
+  kind = obj_cfg.normalizer_kind(actor)
   assert kind == {'token_sum': 'none', 'token_mean': 'tokens'}.get(mode, 'seqs')
   key = 'actor/loss_seq_count' if kind == 'seqs' else 'actor/loss_token_count'
   rest = {k: v for k, v in data.items() if k not in ('logp', 'old_logp')}
@@ -1003,17 +1006,19 @@ def test_micro_batches_bypass_rejection_aggregate_terms(mode):
 
 
 def test_normalizer_kind():
-  kind = obj.normalizer_kind
-  assert kind(obj.ActorLossConfig()) == 'tokens'
-  assert kind(obj.ActorLossConfig(policy_loss='gspo')) == 'seqs'
-  assert kind(obj.ActorLossConfig(policy_loss='gspo', kl_loss_coef=0.1)) == (
-    'mixed'
+  kind = obj_cfg.normalizer_kind
+  assert kind(obj_cfg.ActorLossConfig()) == 'tokens'
+  assert kind(obj_cfg.ActorLossConfig(policy_loss='gspo')) == 'seqs'
+  assert kind(
+    obj_cfg.ActorLossConfig(policy_loss='gspo', kl_loss_coef=0.1)
+  ) == ('mixed')
+  assert kind(
+    obj_cfg.ActorLossConfig(policy_loss='gspo', entropy_coeff=0.1)
+  ) == ('mixed')
+  assert kind(obj_cfg.ActorLossConfig(rollout_kl_coef=0.1)) == 'tokens'
+  cfg = obj_cfg.ActorLossConfig(
+    policy_loss='gspo', agg='token_sum', kl_loss_coef=1
   )
-  assert kind(obj.ActorLossConfig(policy_loss='gspo', entropy_coeff=0.1)) == (
-    'mixed'
-  )
-  assert kind(obj.ActorLossConfig(rollout_kl_coef=0.1)) == 'tokens'
-  cfg = obj.ActorLossConfig(policy_loss='gspo', agg='token_sum', kl_loss_coef=1)
   assert kind(cfg) == 'none'
 
 
@@ -1073,14 +1078,14 @@ def test_bypass_equals_decoupled_when_old_is_rollout(bypass, decoupled):
 def test_bypass_weights_only_for_reinforce():
   """ppo_clip: IS weights are metrics only; reinforce: they scale pg."""
   data = _batch(seed=4)
-  vanilla = obj.ActorLossConfig()
+  vanilla = obj_cfg.ActorLossConfig()
   no_is = corr_lib.CorrectionConfig(mode='bypass')
   with_is = dataclasses.replace(no_is, is_level='token')
   v0, _, _ = _run(vanilla, no_is, data)
   v1, m1, _ = _run(vanilla, with_is, data)
   np.testing.assert_array_equal(v0, v1)
   assert 'rollout_corr/rollout_is_mean' in m1
-  reinforce = obj.ActorLossConfig(policy_loss='reinforce')
+  reinforce = obj_cfg.ActorLossConfig(policy_loss='reinforce')
   pg = dict(mode='bypass', bypass_loss='reinforce')
   r0, _, _ = _run(reinforce, corr_lib.CorrectionConfig(**pg), data)
   r1, _, _ = _run(
@@ -1088,7 +1093,7 @@ def test_bypass_weights_only_for_reinforce():
   )
   assert abs(float(r0) - float(r1)) > 1e-4
   # With no IS, bypass reinforce is REINFORCE (= gpg) on the same mask.
-  gpg, _, _ = _run(obj.ActorLossConfig(policy_loss='gpg'), None, data)
+  gpg, _, _ = _run(obj_cfg.ActorLossConfig(policy_loss='gpg'), None, data)
   _close(r0, gpg)
 
 
@@ -1097,10 +1102,10 @@ def test_bypass_weights_only_for_reinforce():
 
 def _contract_setups():
   return {
-    'none': (obj.ActorLossConfig(**ALL_TERMS), None),
-    'decoupled': (obj.ActorLossConfig(**ALL_TERMS), RS_DECOUPLED),
+    'none': (obj_cfg.ActorLossConfig(**ALL_TERMS), None),
+    'decoupled': (obj_cfg.ActorLossConfig(**ALL_TERMS), RS_DECOUPLED),
     'bypass': (
-      obj.ActorLossConfig(policy_loss='reinforce', **ALL_TERMS),
+      obj_cfg.ActorLossConfig(policy_loss='reinforce', **ALL_TERMS),
       RS_BYPASS,
     ),
   }
@@ -1262,7 +1267,7 @@ def test_extreme_log_ratios_are_finite():
 
 def test_metric_keys_depend_only_on_config():
   data = _batch(seed=11)
-  actor = obj.ActorLossConfig(**ALL_TERMS)
+  actor = obj_cfg.ActorLossConfig(**ALL_TERMS)
   _, met, _ = _run(actor, None, data)
   assert set(met) == {
     'actor/pg_loss',
@@ -1278,7 +1283,7 @@ def test_metric_keys_depend_only_on_config():
     'actor/ppo_kl',
   }
   d = {k: v for k, v in data.items() if k != 'entropy'}
-  _, met, _ = _run(obj.ActorLossConfig(), None, d)
+  _, met, _ = _run(obj_cfg.ActorLossConfig(), None, d)
   assert 'actor/entropy' not in met and 'actor/kl_loss' not in met
   assert 'actor/rollout_kl_loss' not in met
   # Bypass merges the correction's metrics; decoupled does not (the trainer
@@ -1297,7 +1302,7 @@ def test_metric_keys_depend_only_on_config():
 def test_counts_and_terms_on_corrected_mask():
   """D5: rejected tokens leave every term and both counts."""
   data = _batch(seed=13)
-  actor = obj.ActorLossConfig(**ALL_TERMS)
+  actor = obj_cfg.ActorLossConfig(**ALL_TERMS)
   cc = RS_DECOUPLED
   corr = corr_lib.rollout_correction(
     data['old_logp'], data['rollout_logp'], data['mask'], cc
@@ -1317,7 +1322,7 @@ def _errors_data():
 
 def test_mode_mixups_are_errors():
   d = _errors_data()
-  actor = obj.ActorLossConfig()
+  actor = obj_cfg.ActorLossConfig()
   lp = d.pop('logp')
   bypass = corr_lib.CorrectionConfig(mode='bypass')
   dec = corr_lib.CorrectionConfig()
@@ -1353,13 +1358,13 @@ def test_missing_arrays_are_errors(cfg_kw, drop, match):
   lp = d.pop('logp')
   d.pop(drop)
   with pytest.raises(ValueError, match=match):
-    obj.actor_objective(obj.ActorLossConfig(**cfg_kw), None, logp=lp, **d)
+    obj.actor_objective(obj_cfg.ActorLossConfig(**cfg_kw), None, logp=lp, **d)
 
 
 def test_trace_time_shape_and_dtype_errors():
   d = _errors_data()
   lp = d.pop('logp')
-  actor = obj.ActorLossConfig()
+  actor = obj_cfg.ActorLossConfig()
   with pytest.raises(ValueError, match='bool'):
     obj.actor_objective(
       actor, None, logp=lp, **dict(d, mask=d['mask'].astype(np.float32))
@@ -1376,7 +1381,7 @@ def test_objective_checks_combinations_at_trace_time():
   d.pop('old_logp')
   pg = corr_lib.CorrectionConfig(mode='bypass', bypass_loss='reinforce')
   with pytest.raises(ValueError, match="policy_loss='vanilla' is not allowed"):
-    obj.actor_objective(obj.ActorLossConfig(), pg, logp=lp, **d)
+    obj.actor_objective(obj_cfg.ActorLossConfig(), pg, logp=lp, **d)
 
 
 def test_compatibility_is_checked_once_per_config_pair():
@@ -1384,14 +1389,14 @@ def test_compatibility_is_checked_once_per_config_pair():
   trace with it is a cache hit, not a re-check."""
   d = _errors_data()
   lp = d.pop('logp')
-  actor = obj.ActorLossConfig(clip_ratio_low=0.123)  # a pair not seen yet
+  actor = obj_cfg.ActorLossConfig(clip_ratio_low=0.123)  # a pair not seen yet
   loss = jax.jit(
     lambda x, arrays: obj.actor_objective(actor, None, logp=x, **arrays)[0]
   )
-  before = obj.check_compatible.cache_info()
+  before = obj_cfg.check_compatible.cache_info()
   for n in (2, 3):  # two traces: different batch sizes
     loss(lp[:n], {k: v[:n] for k, v in d.items()})
-  after = obj.check_compatible.cache_info()
+  after = obj_cfg.check_compatible.cache_info()
   assert after.misses == before.misses + 1
   assert after.hits >= before.hits + 1
 
@@ -1401,8 +1406,8 @@ def test_compatibility_is_checked_once_per_config_pair():
 
 def test_actor_config_knobs_match_policy_registry():
   knobs = {f.name for f in dataclasses.fields(pol.PolicyKnobs)}
-  assert set(obj.KNOB_FIELDS) == knobs
-  cfg = obj.ActorLossConfig()
+  assert set(pol.KNOB_FIELDS) == knobs
+  cfg = obj_cfg.ActorLossConfig()
   for k in knobs:
     assert getattr(cfg, k) == getattr(pol.DEFAULT_KNOBS, k), k
   assert cfg.knobs == pol.DEFAULT_KNOBS
@@ -1411,11 +1416,15 @@ def test_actor_config_knobs_match_policy_registry():
 
 
 def test_actor_config_is_hashable_and_canonical():
-  a = obj.ActorLossConfig(agg='seq-mean-token-mean', kl_loss_type='low_var_kl')
-  b = obj.ActorLossConfig(agg='seq_mean_token_mean', kl_loss_type='k3')
+  a = obj_cfg.ActorLossConfig(
+    agg='seq-mean-token-mean', kl_loss_type='low_var_kl'
+  )
+  b = obj_cfg.ActorLossConfig(agg='seq_mean_token_mean', kl_loss_type='k3')
   assert a == b and hash(a) == hash(b)
   assert a.agg == 'seq_mean_token_mean' and a.kl_loss_type == 'k3'
-  assert obj.ActorLossConfig(rollout_kl_type='mse+').rollout_kl_type == 'k2+'
+  assert (
+    obj_cfg.ActorLossConfig(rollout_kl_type='mse+').rollout_kl_type == 'k2+'
+  )
   jax.jit(lambda x, c: x, static_argnums=1)(1.0, a)  # usable as static arg
 
 
@@ -1436,13 +1445,13 @@ def test_actor_config_is_hashable_and_canonical():
 )
 def test_actor_config_validation(kw, match):
   with pytest.raises(ValueError, match=match):
-    obj.ActorLossConfig(**kw)
+    obj_cfg.ActorLossConfig(**kw)
 
 
 def test_check_compatible_rules():
   cc = corr_lib.CorrectionConfig
-  check = obj.check_compatible
-  a = obj.ActorLossConfig
+  check = obj_cfg.check_compatible
+  a = obj_cfg.ActorLossConfig
   with pytest.raises(ValueError, match=r"policy_loss='reinforce'.*allowed:"):
     check(a(policy_loss='reinforce'), cc(mode='bypass'))
   with pytest.raises(ValueError, match=r'allowed: reinforce$'):
@@ -1568,11 +1577,11 @@ def test_reinforce_reads_old_logp_for_its_metric_only():
   d = _batch(seed=17)
   lp = d.pop('logp')
   d.pop('old_logp')
-  actor = obj.ActorLossConfig(policy_loss='reinforce')
+  actor = obj_cfg.ActorLossConfig(policy_loss='reinforce')
   loss, met = obj.actor_objective(actor, None, logp=lp, **d)
   assert 'actor/ppo_kl' not in met
   gpg, _ = obj.actor_objective(
-    obj.ActorLossConfig(policy_loss='gpg'), None, logp=lp, **d
+    obj_cfg.ActorLossConfig(policy_loss='gpg'), None, logp=lp, **d
   )
   np.testing.assert_array_equal(loss, gpg)
 

@@ -207,6 +207,30 @@ def test_reinforce_equals_gpg(mode, weighted):
   assert mc == {}
 
 
+def test_cispo_logs_its_ratio_like_cispo_rollout():
+  """π_old-anchored cispo logs `actor/cispo_ratio_*` as SkyRL does and as
+  cispo_rollout does: with μ = π_old the two losses are one loss, so their
+  values, gradients and ratio metrics agree bit for bit."""
+  b = make_batch(4, delta=1.0)  # a wide ratio: both clip bounds bind
+  knobs = {'cispo_clip_low': 0.2, 'cispo_clip_high': 0.3}
+  (va, ma), ga = loss_and_grads('cispo', b._replace(w=None), **knobs)
+  anchored = b._replace(rollout=b.old, w=None)
+  (vb, mb), gb = loss_and_grads('cispo_rollout', anchored, **knobs)
+  ratio = {f'actor/cispo_ratio_{s}' for s in ('mean', 'clamped_mean')}
+  ratio |= {'actor/cispo_ratio_max', 'actor/cispo_ratio_min'}
+  assert ratio <= set(ma) and set(mb) == ratio | {'actor/pg_clipfrac'}
+  np.testing.assert_array_equal(va, vb)
+  assert_tree_equal(ga, gb)
+  for key in (*sorted(ratio), 'actor/pg_clipfrac'):
+    np.testing.assert_array_equal(ma[key], mb[key], err_msg=key)
+  rho = np.exp(b.logp - b.old)[b.mask]
+  np.testing.assert_allclose(ma['actor/cispo_ratio_max'], rho.max(), **TOL)
+  np.testing.assert_allclose(
+    ma['actor/cispo_ratio_clamped_mean'], np.clip(rho, 0.8, 1.3).mean(), **TOL
+  )
+  assert 0 < float(ma['actor/pg_clipfrac']) < 1
+
+
 def test_binary_tv_equals_primerl_loss_without_kl():
   """SkyRL's μ-anchored binary-TV DPPO = prime with prime_kl_tau = 0: the
   same mask and gradient as dppo_tv anchored at μ without a ratio cap

@@ -52,7 +52,6 @@ from jaxcorr.config.fields import (
 )
 from jaxcorr.losses import advantages_scan as scan
 from jaxcorr.losses import masked
-from jaxcorr.losses.advantages_scan import masked_var, whiten  # noqa: F401
 
 ESTIMATORS = (
   'gae',
@@ -173,6 +172,12 @@ def group_stats(rewards: jax.Array, mask: jax.Array, ids: jax.Array) -> Groups:
   """`s`, `v`, `c_g`, `μ_g`, `σ_g` (docs/math/advantages.md §3) with segment
   sums.
 
+  The moments are taken on the scores divided by a per-group power of two
+  (`masked.range_scale` of the group's largest |s|) and scaled back: the
+  same values bit for bit wherever the unscaled form is finite, and finite
+  where it would overflow (`(s − μ)²` of rewards of ±1e30 in float32 is
+  inf, which made every grpo advantage 0).
+
   Args:
     rewards: float `[B, T]`, 0 outside `mask`.
     mask: bool `[B, T]`.
@@ -183,12 +188,14 @@ def group_stats(rewards: jax.Array, mask: jax.Array, ids: jax.Array) -> Groups:
   valid = jnp.any(mask, axis=-1)
   score = masked.row_sum(rewards, mask)
   count = _gsum(valid.astype(dtype), ids)
-  mean = masked.safe_div(_gsum(jnp.where(valid, score, zero), ids), count)
-  dev = jnp.where(valid, jnp.square(score - mean), zero)
+  scale = masked.range_scale(_gmax(jnp.where(valid, jnp.abs(score), zero), ids))
+  scaled = score / scale
+  mean = masked.safe_div(_gsum(jnp.where(valid, scaled, zero), ids), count)
+  dev = jnp.where(valid, jnp.square(scaled - mean), zero)
   var = masked.safe_div(_gsum(dev, ids), jnp.maximum(count - 1, 0))
   multi = count > 1
-  mean = jnp.where(multi, mean, zero)
-  std = jnp.where(multi, masked.safe_sqrt(var), jnp.ones((), dtype))
+  mean = jnp.where(multi, mean * scale, zero)
+  std = jnp.where(multi, masked.safe_sqrt(var) * scale, jnp.ones((), dtype))
   return Groups(score, valid, count, mean, std, ids)
 
 
@@ -218,7 +225,7 @@ def reinforce_plus_plus_baseline(
   """`whiten((s − μ)·m, m)`, singleton μ = 0; returns a `[B, T]` array."""
   del k
   centred = jnp.where(mask, (g.score - g.mean)[:, None], 0)
-  return whiten(centred, mask)
+  return scan.whiten(centred, mask)
 
 
 def opo(g: Groups, mask: jax.Array, k: dict) -> jax.Array:

@@ -28,12 +28,29 @@ WHITEN_EPS = 1e-8
 """Added to the variance before `rsqrt` (verl `masked_whiten`)."""
 
 
+def _scaled(x: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """`(x / s, s)` with `s = masked.range_scale(max |x| over mask)`: moments
+  of `x / s` do not overflow, and scale back to those of `x` exactly."""
+  s = masked.range_scale(masked.masked_max(jnp.abs(x), mask))
+  return x / s, s
+
+
+def _var(x: jax.Array, mask: jax.Array) -> jax.Array:
+  """`Σ (x − mmean(x))²·m / (N − 1)`, 0 when `N < 2`."""
+  n = masked.count(mask, x.dtype)
+  mu = masked.masked_mean(x, mask)
+  sq = masked.masked_sum(jnp.square(x - mu), mask)
+  return masked.safe_div(sq, jnp.maximum(n - 1, 0))
+
+
 def masked_var(x: jax.Array, mask: jax.Array) -> jax.Array:
   """Unbiased variance of `x` over the True entries of `mask`.
 
   `var = Σ (x − μ)²·m / (N − 1)`, `μ = mmean(x)`, `N = Σ m` (two passes, the
   value of verl's `masked_var(unbiased=True)`); 0 when `N < 2`, where verl
-  raises (D12).
+  raises (D12). Taken on `x` divided by a power of two and scaled back
+  (`masked.range_scale`), so it overflows only when the variance itself
+  does.
 
   Args:
     x: float array.
@@ -42,11 +59,8 @@ def masked_var(x: jax.Array, mask: jax.Array) -> jax.Array:
   Returns:
     A float scalar.
   """
-  x = masked.as_float(x)
-  n = masked.count(mask, x.dtype)
-  mu = masked.masked_mean(x, mask)
-  sq = masked.masked_sum(jnp.square(x - mu), mask)
-  return masked.safe_div(sq, jnp.maximum(n - 1, 0))
+  xs, s = _scaled(masked.as_float(x), mask)
+  return _var(xs, mask) * s * s
 
 
 def whiten(x: jax.Array, mask: jax.Array) -> jax.Array:
@@ -55,6 +69,9 @@ def whiten(x: jax.Array, mask: jax.Array) -> jax.Array:
   `out = (x − μ)·rsqrt(var + 1e-8)·m` with `μ = mmean(x)` and the unbiased
   `var` of `masked_var`. With fewer than 2 valid tokens the result is only
   centred, `(x − μ)·m` (0 for a single token, D12); verl raises there.
+  Evaluated as `(x/s − μ/s)·rsqrt(var/s² + 1e-8/s²)` with `s` a power of two
+  (`masked.range_scale`): the same value, and finite for large finite `x`
+  (±1e30 in float32), whose variance overflows.
 
   Args:
     x: float `[B, T]` (any shape), NaN/inf allowed where `mask` is False.
@@ -65,10 +82,11 @@ def whiten(x: jax.Array, mask: jax.Array) -> jax.Array:
   """
   x = masked.sanitize(x, mask)
   n = masked.count(mask, x.dtype)
-  mu = masked.masked_mean(x, mask)
-  centred = x - mu
-  scale = jax.lax.rsqrt(masked_var(x, mask) + WHITEN_EPS)
-  out = jnp.where(n >= 2, centred * scale, centred)
+  xs, s = _scaled(x, mask)
+  centred = xs - masked.masked_mean(xs, mask)
+  tiny = jnp.finfo(x.dtype).tiny  # eps/s² may underflow to 0
+  inv = jax.lax.rsqrt(jnp.maximum(_var(xs, mask) + WHITEN_EPS / s / s, tiny))
+  out = jnp.where(n >= 2, centred * inv, centred * s)
   return jnp.where(mask, out, jnp.zeros((), out.dtype))
 
 

@@ -45,11 +45,11 @@ arrays are global, so a single call on the mini-batch needs none of them.
   counts over the micro-batches, then divide the loss and the gradient by the
   summed count (`aggregate.finalize`). Because the count carries no gradient,
   this equals the mini-batch call exactly. This needs every active term to share
-  one divisor; `normalizer_kind(cfg)` says which (`'tokens'`, `'seqs'` or
-  `'none'` for token_sum). It returns `'mixed'` only when `cfg.agg` is None, the
-  policy loss's natural mode is a seq mode (gspo, gspo_seq, sapo, geo_mean) and
-  an entropy or KL term is on; then set `agg` explicitly or keep one gradient
-  accumulator per divisor. Bypass statistics that are batch-level by design
+  one divisor; `objective_config.normalizer_kind(cfg)` says which (`'tokens'`,
+  `'seqs'` or `'none'` for token_sum). It returns `'mixed'` only when `cfg.agg`
+  is None, the policy loss's natural mode is a seq mode (gspo, gspo_seq, sapo,
+  geo_mean) and an entropy or KL term is on; then set `agg` explicitly or keep
+  one gradient accumulator per divisor. Bypass statistics that are batch-level by design
   (batch normalisation, metrics) cover one call, as in verl
   (docs/math/correction.md §2).
 """
@@ -66,15 +66,7 @@ from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import kl as kl_lib
 from jaxcorr.losses import masked
 from jaxcorr.losses import policy as policy_lib
-from jaxcorr.losses.objective_config import (  # noqa: F401 (re-exported)
-  ActorLossConfig,
-  LossConfigs,
-  allowed_policy_losses,
-  check_compatible,
-  natural_agg,
-  normalizer_kind,
-)
-from jaxcorr.losses.policy_base import KNOB_FIELDS  # noqa: F401 (re-exported)
+from jaxcorr.losses.objective_config import ActorLossConfig, check_compatible
 
 
 def loss_normalizers(mask: jax.Array) -> tuple[jax.Array, jax.Array]:

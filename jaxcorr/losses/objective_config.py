@@ -19,7 +19,9 @@ from jaxcorr.losses import aggregate as agg_lib
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import kl as kl_lib
 from jaxcorr.losses import policy as policy_lib
-from jaxcorr.losses.policy_base import KNOB_FIELDS, PolicyKnobs, validate_knobs
+from jaxcorr.losses.policy import KNOB_FIELDS, PolicyKnobs
+from jaxcorr.losses.policy.inputs import validate_knobs
+from jaxcorr.losses.policy.registry import check_required
 
 
 def _policy_loss_name(value: object, path: str) -> str:
@@ -91,7 +93,7 @@ class ActorLossConfig(PolicyKnobs):
 
   def __post_init__(self):
     path = validate_knobs(self)
-    policy_lib.check_required(self.policy_loss, self, path)
+    check_required(self.policy_loss, self, path)
 
   @functools.cached_property
   def knobs(self) -> PolicyKnobs:

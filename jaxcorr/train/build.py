@@ -33,7 +33,7 @@ from jaxcorr.data.config import DataConfig
 from jaxcorr.data.tasks import Example
 from jaxcorr.losses import objective_config
 from jaxcorr.losses.advantages import AdvantageConfig
-from jaxcorr.losses.correction_config import CorrectionConfig
+from jaxcorr.losses.correction import CorrectionConfig
 from jaxcorr.losses.objective_config import ActorLossConfig, LossConfigs
 from jaxcorr.losses.rewards import KLControlConfig, check_kl_horizon
 from jaxcorr.sharding import MeshConfig

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxcorr.losses import correction as corr_lib
-from jaxcorr.losses import objective, value
+from jaxcorr.losses import objective, objective_config, value
 from jaxcorr.train import scoring
 from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.prepare import gap_arguments, prepare
@@ -223,7 +223,7 @@ class Steps:
     )
     metrics = reduction.values(reduction.reduce_parts(met))
     if unit:
-      kind = objective.normalizer_kind(run.losses.actor)
+      kind = objective_config.normalizer_kind(run.losses.actor)
       if kind != 'none':
         count = _COUNTS[0] if kind == 'tokens' else _COUNTS[1]
         denom = jnp.maximum(metrics[count], 1.0)

@@ -24,32 +24,16 @@ from jaxcorr.config.fields import (
   setting,
   validate,
 )
+from jaxcorr.losses.correction.rejection import (
+  RS_CRITERIA,
+  STATISTICS,
+  criterion,
+)
 
 MODES = ('decoupled', 'bypass')
 BYPASS_LOSSES = ('ppo_clip', 'reinforce')
 IS_LEVELS = ('token', 'sequence', 'geometric')
 IS_MODES = ('truncate', 'clip', 'mask')
-RS_CRITERIA = (
-  'token_k1',
-  'token_k2',
-  'token_k3',
-  'seq_sum_k1',
-  'seq_sum_k2',
-  'seq_sum_k3',
-  'seq_mean_k1',
-  'seq_mean_k2',
-  'seq_mean_k3',
-  'seq_max_k2',
-  'seq_max_k3',
-  # KPop (AReaL): max of the two Bernoulli KLs, correction_reject.py.
-  'token_bkl',
-  'seq_sum_bkl',
-  'seq_mean_bkl',
-  'seq_max_bkl',
-  # NeMo-RL #3671: mean of exp(|log π − log μ|) per sequence; the token and
-  # seq_max forms would be symmetric token_k1 bands and vetoes.
-  'seq_mean_mpe',
-)
 LEGACY_RS_NAMES = {
   'token': 'token_k1',
   'sequence': 'seq_sum_k1',
@@ -111,25 +95,35 @@ def _parse_rs(value: Any, path: str) -> tuple[str, ...]:
   return tuple(names)
 
 
+_BAND_NAMES = '/'.join(name for name, st in STATISTICS.items() if st.band)
+
+
+def _bound_rule(name: str) -> str:
+  """What a bound of statistic `name` may be (`rejection.STATISTICS`)."""
+  statistic = STATISTICS[name]
+  if statistic.band:
+    return "'lo_up', (lo, up) or a single up, with 0 < lo <= up"
+  least = statistic.min_upper
+  up = f'up >= {least[0]:g}' if least else 'up > 0'
+  return f'a single number {up} (no lower bound for {name})'
+
+
 def _parse_bound(
-  path: str, criterion: str, entry: Any
+  path: str, criterion_name: str, entry: Any
 ) -> tuple[float | None, float]:
-  """One `rs_bounds` entry → canonical `(lo, up)` (`lo=None` unless k1)."""
-  k1 = criterion.endswith('_k1')
-  mpe = criterion.endswith('_mpe')
-  field = f'{path}[{criterion}]'
-  if k1:
-    allowed = "'lo_up', (lo, up) or a single up, with 0 < lo <= up"
-  elif mpe:
-    allowed = 'a single number up >= 1 (no lower bound for mpe)'
-  else:
-    allowed = 'a single number up > 0 (no lower bound for k2/k3)'
+  """One `rs_bounds` entry → canonical `(lo, up)` (`lo=None` unless the
+  criterion's statistic takes a band)."""
+  _, name, statistic = criterion(criterion_name)
+  band = statistic.band
+  field = f'{path}[{criterion_name}]'
+  allowed = _bound_rule(name)
   lo: float | None
   if isinstance(entry, str):
     text = entry.strip()
     if '_' in text:
-      if not k1:
-        fail(field, entry, allowed, "a 'lo_up' string is only for k1")
+      if not band:
+        why = f"a 'lo_up' string is only for {_BAND_NAMES}"
+        fail(field, entry, allowed, why)
       lo_text, up_text = text.split('_', 1)
       lo = _parse_float(field, lo_text, entry, allowed)
       up = _parse_float(field, up_text, entry, allowed)
@@ -140,16 +134,16 @@ def _parse_bound(
       fail(field, entry, allowed, 'a pair must have two entries')
     lo = None if entry[0] is None else _real(field, entry[0], allowed)
     up = _real(field, entry[1], allowed)
-    if lo is not None and not k1:
-      fail(field, entry, allowed, 'only k1 takes a lower bound')
+    if lo is not None and not band:
+      fail(field, entry, allowed, f'only {_BAND_NAMES} takes a lower bound')
   else:
     lo, up = None, _real(field, entry, allowed)
   if not up > 0:
     fail(field, entry, allowed, 'the upper bound must be > 0')
-  if mpe and up < 1:
-    why = 'every sequence error is >= 1, so up < 1 drops every sequence'
-    fail(field, entry, allowed, why)
-  if not k1:
+  least = statistic.min_upper
+  if least is not None and up < least[0]:
+    fail(field, entry, allowed, least[1])
+  if not band:
     return (None, up)
   if lo is None:
     lo = 1.0 / up

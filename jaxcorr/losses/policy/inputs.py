@@ -1,18 +1,18 @@
-"""Shared pieces of the policy losses (docs/math/losses.md §4.1).
+"""What every policy loss receives, and the accessors the losses share
+(docs/math/losses.md §4.1, §4.4).
 
-`LossInputs` carries the arrays of one `policy_loss` call after the dispatcher
-(`jaxcorr.losses.policy`) has checked, promoted and sanitised them: every float
-array is `where(mask, x, 0)` in the computation dtype, and everything except
-`logp` is wrapped in `stop_gradient`. The per-loss functions of
-`policy_ppo` and `policy_pg` therefore never see padding content.
-
-Every per-loss function has the signature
+Every policy loss of the registry (`jaxcorr.losses.policy.registry.LOSSES`)
+has the one signature
 
     fn(x: LossInputs, k: PolicyKnobs) -> (per_token, metrics)
 
-where `k` holds every knob of docs/math/losses.md §4.4 (typed, validated once
-when built), `per_token` is the `[B, T]` loss ℓ *including* the IS weights, and
-`metrics` is a dict of scalar arrays under `actor/`. The dispatcher aggregates
+`x` carries the arrays of one `policy_loss` call after the dispatcher has
+checked, promoted and sanitised them: every float array is
+`where(mask, x, 0)` in the computation dtype, and everything except `logp`
+is wrapped in `stop_gradient`, so a loss never sees padding content. `k`
+holds every knob of docs/math/losses.md §4.4 (typed, validated once when
+built). `per_token` is the `[B, T]` loss ℓ *including* the IS weights, and
+`metrics` a dict of scalar arrays under `actor/`; the dispatcher aggregates
 ℓ.
 
 `PolicyKnobs` is the one declaration of every knob: name, type, default,

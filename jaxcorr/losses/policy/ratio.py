@@ -1,21 +1,37 @@
-"""Ratio-based policy losses: the PPO clip family
-(docs/math/losses.md §4.2–§4.3).
+"""The ratio family: PPO-style surrogates of ρ = π_θ/π_anchor with a trust
+region (docs/math/losses.md §4.2–§4.3).
+
+The gradient reaches logp through the ratio (or, for DPPO's π_old form,
+through `sg(ρ)·logp` under the same trust-region test); the losses differ in
+how they keep the update near the anchor: PPO's clip and dual clip
+(`vanilla`), its sequence forms (`gspo`, `gspo_seq`, `geo_mean`), a soft gate
+(`sapo`), covariance exemptions (`clip_cov`, `kl_cov`), DPPO's binary
+trust-region masks anchored at π_old (`dppo_tv`, `dppo_kl`) or at the
+rollout policy μ (`dppo_mu_tv`, `dppo_mu_kl`), and M2PO's batch-global
+second-moment bound on stale log-ratios (`m2po`).
 
 Each function maps sanitised `LossInputs` and the typed `PolicyKnobs` to the
 per-token loss ℓ `[B, T]` (IS weights included) and its metrics; see
-`policy_base`.
+`jaxcorr.losses.policy.inputs`.
 Notation: δ = logp − old_logp, δ̂ = clip(δ, ±20), ρ = exp(δ̂), ε_l / ε_h =
-`clip_ratio_low` / `clip_ratio_high`, w = IS weights, sg = stop_gradient,
-`mmean` the masked mean and `rmean` the per-row masked mean.
+`clip_ratio_low` / `clip_ratio_high`, ρ_μ = exp(clip(logp − rollout_logp,
+±20)), w = IS weights, sg = stop_gradient, `mmean` the masked mean and
+`rmean` the per-row masked mean.
+
+References for the stale-data losses (goldens in `tests/golden/frontier/`,
+divergences in docs/correction.md §4): SkyRL's `dppo_policy_loss`
+(e713bdeb2) and verl PR #4131 (M2PO).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxcorr.losses import masked
-from jaxcorr.losses.policy_base import (
+from jaxcorr.losses.policy.inputs import (
   LossInputs,
   Metrics,
   PolicyKnobs,
@@ -29,6 +45,10 @@ from jaxcorr.losses.policy_base import (
 )
 
 sg = jax.lax.stop_gradient
+
+M2PO_UNCONSTRAINED = (0.0, 100000.0)
+"""The ratio bounds M2PO uses when the harmful tokens are within budget."""
+HARMFUL_ADV_EPS = 1e-12
 
 
 def _ppo_terms(x: LossInputs, k: PolicyKnobs, rho: jax.Array):
@@ -105,23 +125,6 @@ def sapo(x: LossInputs, k: PolicyKnobs) -> tuple[jax.Array, Metrics]:
   gate = jax.nn.sigmoid(tau * (rho - 1)) * (4 / tau)
   loss = -x.adv * gate
   return weighted(loss, x), clip_metrics(x, d, zero(x), zero(x))
-
-
-def cispo(x: LossInputs, k: PolicyKnobs) -> tuple[jax.Array, Metrics]:
-  """CISPO (verl, SkyRL, slime): clipped, stop-gradient IS weight on logp.
-
-  κ_l, κ_h = `cispo_clip_low/high`, or ε_l, ε_h when None;
-  `ℓ = −sg(clip(ρ, 1−κ_l, 1+κ_h))·A·logp·w`.
-  Metrics: `pg_clipfrac = mmean(ρ ≠ clip(ρ))`, `pg_clipfrac_lower = 0`.
-  """
-  lo, hi = k.cispo_bounds
-  d = old_delta(x)
-  rho = masked.exp_clamped(d)
-  clipped = jnp.clip(rho, 1 - lo, 1 + hi)
-  loss = -sg(clipped) * x.adv * x.logp
-  return weighted(loss, x), clip_metrics(
-    x, d, mmean(rho != clipped, x), zero(x)
-  )
 
 
 def _cov(x: LossInputs) -> jax.Array:
@@ -254,3 +257,159 @@ def dppo_kl(x: LossInputs, k: PolicyKnobs) -> tuple[jax.Array, Metrics]:
   `ℓ = −A·sg(min(ρ, c_d))·logp·valid·w`. Metrics as `dppo_tv`.
   """
   return _dppo(x, k, 'kl')
+
+
+def _dppo_mu(x: LossInputs, k: PolicyKnobs, kind: str):
+  """Shared body of `dppo_mu_tv` and `dppo_mu_kl`."""
+  lo, hi, _ = k.dppo_bounds  # no ratio cap (D20)
+  lp, mu = sg(x.logp), x.rollout_logp
+  p, pmu = jnp.exp(lp), jnp.exp(mu)
+  pos, neg = x.adv > 0, x.adv < 0
+  if kind == 'tv':
+    hit = (pos & (p - pmu > hi)) | (neg & (pmu - p > lo))
+  else:
+    kl = pmu * (mu - lp) + (1 - pmu) * jnp.log(
+      (1 - pmu + 1e-8) / (1 - p + 1e-8)
+    )
+    hit = (pos & (p > pmu) & (kl > hi)) | (neg & (p < pmu) & (kl > lo))
+  rho = masked.exp_clamped(x.logp - mu)
+  loss = jnp.where(hit, 0, -x.adv * rho)
+  return loss, {'actor/pg_clipfrac': mmean(hit, x)}
+
+
+def dppo_mu_tv(x: LossInputs, k: PolicyKnobs) -> tuple[jax.Array, Metrics]:
+  """SkyRL's DPPO binary-TV: a μ-anchored ratio, differentiated, under a
+  binary mask; takes no IS weights.
+
+  p = exp(logp), μp = exp(rollout_logp); δ_l, δ_h = `dppo_delta_low/high`,
+  else ε_l, ε_h (no ratio cap, D20 in docs/correction.md).
+  `masked = A > 0 ∧ p − μp > δ_h  ∨  A < 0 ∧ μp − p > δ_l`;
+  `ℓ = −A·ρ_μ·(1 − masked)` (gradient `−A·ρ_μ` per kept token). verl's DPPO
+  instead anchors at π_old and uses `−A·sg(min(ρ, c))·logp` (`dppo_tv`,
+  `dppo_kl`; same gradient at ρ ≤ c). Only metric:
+  `pg_clipfrac = mmean(masked)`.
+  """
+  return _dppo_mu(x, k, 'tv')
+
+
+def dppo_mu_kl(x: LossInputs, k: PolicyKnobs) -> tuple[jax.Array, Metrics]:
+  """SkyRL's DPPO binary-KL; as `dppo_mu_tv` with the KL test.
+
+  With `kl = KL(Bern(μp) ‖ Bern(p)) = μp·(log μp − logp) + (1 − μp)·log((1
+  − μp + 1e-8)/(1 − p + 1e-8))`: `masked = A > 0 ∧ p > μp ∧ kl > δ_h  ∨
+  A < 0 ∧ p < μp ∧ kl > δ_l`; `ℓ = −A·ρ_μ·(1 − masked)`. Metrics as
+  `dppo_mu_tv`.
+  """
+  return _dppo_mu(x, k, 'kl')
+
+
+# ----------------------------------------------------------------- M2PO
+
+
+def water_fill_tau(
+  sorted_d2: jax.Array, n: jax.Array, target: jax.Array
+) -> jax.Array:
+  """τ with `Σ_i min(d2_i, τ²) = target` over the first n sorted entries.
+
+  Water-filling: with `P_k = Σ_{i<k} d2_i`, the level `t_k = (target − P_k)
+  / (n − k)` is the answer at the first k with `d2_{k−1} ≤ t_k ≤ d2_k`
+  (`d2_{−1} = 0`). Entries at or past n are ignored. Requires
+  `0 ≤ target < Σ d2` (the caller handles the unconstrained case); returns
+  `sqrt(t)` (0 for target 0).
+
+  Args:
+    sorted_d2: `[N]` ascending; entries ≥ n may hold anything (e.g. inf).
+    n: scalar count of entries that take part.
+    target: scalar `budget·n`.
+  """
+  size = sorted_d2.shape[0]
+  idx = jnp.arange(size)
+  live = idx < n
+  d2 = jnp.where(live, sorted_d2, 0)
+  prefix = jnp.cumsum(d2) - d2
+  level = (target - prefix) / jnp.maximum(n - idx, 1).astype(d2.dtype)
+  prev = jnp.concatenate([jnp.zeros((1,), d2.dtype), d2[:-1]])
+  ok = live & (level >= prev) & (level <= d2)
+  first = jnp.argmax(ok)
+  t = jnp.where(jnp.any(ok), level[first], 0)
+  return jnp.sqrt(jnp.maximum(t, 0))
+
+
+def m2po_bounds(
+  delta: jax.Array,
+  harmful: jax.Array,
+  m2_budget: float,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """M2PO's batch-global ratio bounds `(lo, hi, m2, m2_after)`.
+
+  `M2 = mean δ²` over the harmful tokens of the whole call. When there is
+  none or `M2 ≤ budget`: `(0, 1e5)` and `m2_after = M2`. Otherwise
+  `τ = water_fill_tau(sort(δ²), n, budget·n)` (τ = 0 for a budget ≤ 1e-12)
+  and the bounds are `(e^−τ, e^τ)`, `m2_after = mean min(δ², τ²)`.
+  Everything is stop-gradient.
+
+  Args:
+    delta: `[B, T]` log-ratio δ (only its square is used).
+    harmful: bool `[B, T]` harmful tokens.
+    m2_budget: the second-moment budget (≥ 0).
+  """
+  d2 = sg(jnp.square(delta))
+  dtype = d2.dtype
+  n = masked.count(harmful, dtype)
+  m2 = masked.masked_mean(d2, harmful)
+  flat = jnp.where(harmful, d2, jnp.inf).reshape(-1)
+  sharding = jax.typeof(flat).sharding
+  if any(axis is not None for axis in sharding.spec):
+    # Explicitly sharded rows: the sort needs the whole batch on every
+    # device (the selection is batch-global by definition).
+    flat = jax.sharding.reshard(flat, NamedSharding(sharding.mesh, P()))
+  flat = jnp.sort(flat)
+  target = jnp.asarray(m2_budget, dtype) * n
+  if m2_budget <= 1e-12:
+    tau = jnp.zeros((), dtype)
+  else:
+    tau = water_fill_tau(flat, n, target)
+  clip = (n > 0) & (m2 > m2_budget)
+  lo = jnp.where(clip, jnp.exp(-tau), M2PO_UNCONSTRAINED[0])
+  hi = jnp.where(clip, jnp.exp(tau), M2PO_UNCONSTRAINED[1])
+  after = masked.masked_mean(jnp.minimum(d2, jnp.square(tau)), harmful)
+  return lo, hi, m2, jnp.where(clip, after, m2)
+
+
+def m2po(x: LossInputs, k: PolicyKnobs) -> tuple[jax.Array, Metrics]:
+  """M2PO: PPO clip whose bounds cap the second moment of stale log-ratios
+  (verl PR #4131).
+
+  Harmful tokens are valid with `A > 1e-12 ∧ ρ > 1` or `A < −1e-12 ∧
+  ρ < 1`. `(lo, hi) = m2po_bounds(−δ, harmful, m2_budget)` over the whole
+  batch (one τ per call: the selection is batch-global, so micro-batching
+  changes it). `m2po_miniclip_low/high` widen the bounds to at least
+  `[1 − low, 1 + high]`. `ℓ = max(−Aρ, −A·clip(ρ, lo, hi))·w`.
+  Metrics: `pg_clipfrac = mmean(L2 > L1)`, `pg_clipfrac_lower = 0`,
+  `ppo_kl = mmean(−δ̂)`, `m2po/clip_low` = 1 − lo, `m2po/clip_high` =
+  hi − 1, `m2po/m2`, `m2po/m2_after`, `m2po/m2_budget`.
+  """
+  d = old_delta(x)
+  rho = masked.exp_clamped(d)
+  rho_sg = sg(rho)
+  harmful = x.mask & (
+    ((x.adv > HARMFUL_ADV_EPS) & (rho_sg > 1))
+    | ((x.adv < -HARMFUL_ADV_EPS) & (rho_sg < 1))
+  )
+  lo, hi, m2, after = m2po_bounds(-d, harmful, k.m2_budget)
+  if k.m2po_miniclip_low is not None:
+    lo = jnp.minimum(lo, 1 - k.m2po_miniclip_low)
+  if k.m2po_miniclip_high is not None:
+    hi = jnp.maximum(hi, 1 + k.m2po_miniclip_high)
+  l1 = -x.adv * rho
+  l2 = -x.adv * jnp.clip(rho, lo, hi)
+  loss = jnp.maximum(l1, l2)
+  metrics = {
+    **clip_metrics(x, sg(d), mmean(l2 > l1, x), zero(x)),
+    'm2po/clip_low': 1 - lo,
+    'm2po/clip_high': hi - 1,
+    'm2po/m2': m2,
+    'm2po/m2_after': after,
+    'm2po/m2_budget': jnp.asarray(k.m2_budget, x.logp.dtype),
+  }
+  return weighted(loss, x), metrics

@@ -26,21 +26,30 @@ rollout_is  −sg(c)·A·logp, c = ρ_μ inside an open band      token_mean
 prime       −keep·τ_A·A·ρ_μ + τ_KL·(logp − rollout_logp)²   token_mean
 ==========  ==============================================  ===============
 
-`cispo_rollout`, `dppo_mu_tv`, `dppo_mu_kl`, `m2po` and `topr` (stale and
-μ-anchored data) are defined with their formulas in `policy_stale`.
+For stale and μ-anchored data (formulas in their docstrings):
 
-The formulas live in `policy_ppo` (ratio/clip family) and `policy_pg`
-(REINFORCE family), the knobs in `policy_base.PolicyKnobs`; this module holds
-the registry (one `PolicyLoss` entry per loss), the knob checks of a mapping
-and the dispatcher that checks, promotes, sanitises and stop-gradients the
-inputs.
+=============  =====================================================  =======
+name           ℓ                                                      anchor
+=============  =====================================================  =======
+cispo_rollout  −sg(clip(ρ_μ, 1−κ_l, 1+κ_h))·A·logp                   μ
+dppo_mu_tv     −A·ρ_μ·valid_tv (ratio differentiated, no cap)         μ
+dppo_mu_kl     −A·ρ_μ·valid_kl                                        μ
+m2po           max(−Aρ, −A·clip(ρ, e^−τ, e^τ))·w, τ batch-global      π_old
+topr           −A·logp·sg(t_i)·w, t_i = 1 if Ā_i ≥ 0 else clip(ρ̄_i)   π_old
+=============  =====================================================  =======
+
+The formulas live in `jaxcorr.losses.policy.ratio` (trust-region surrogates
+of the ratio) and `jaxcorr.losses.policy.logprob` (`−c·A·logp`), the inputs
+and knobs in `jaxcorr.losses.policy.inputs`; this module holds the registry
+(one `PolicyLoss` entry per loss), the knob checks of a mapping and the
+dispatcher that checks, promotes, sanitises and stop-gradients the inputs,
+then calls every loss the same way, `fn(LossInputs, PolicyKnobs)`.
 
 Adding a loss: its function `(LossInputs, PolicyKnobs) -> (ℓ, metrics)` in
-`policy_ppo`, `policy_pg` or `policy_stale`, one `LOSSES` entry here
-(natural aggregation, which log-prob it reads, whether it takes IS weights,
-required knobs), and each new knob as one `setting` of `PolicyKnobs`.
-`config.actor`, `ActorLossConfig`, validation and the error messages follow
-from those.
+`ratio` or `logprob`, one `LOSSES` entry here (natural aggregation, which
+log-prob it reads, whether it takes IS weights or a PRNG key, required
+knobs), and each new knob as one `setting` of `PolicyKnobs`. `config.actor`,
+`ActorLossConfig`, validation and the error messages follow from those.
 """
 
 from __future__ import annotations
@@ -51,9 +60,10 @@ from collections.abc import Mapping
 
 import jax
 
-from jaxcorr.losses import masked, policy_pg, policy_ppo, policy_stale
+from jaxcorr.losses import masked
 from jaxcorr.losses.aggregate import aggregate, canonical_mode
-from jaxcorr.losses.policy_base import (
+from jaxcorr.losses.policy import logprob, ratio
+from jaxcorr.losses.policy.inputs import (
   KNOB_FIELDS,
   LossFn,
   LossInputs,
@@ -72,11 +82,14 @@ class PolicyLoss:
     fn: `(LossInputs, PolicyKnobs) -> (ℓ [B, T], metrics)`.
     natural_agg: the aggregation used when `agg=None` (an explicit agg
       always wins, D9).
-    reads: the second log-prob it reads: 'old' (requires `old_logp`, except
-      `reinforce`, which only logs `ppo_kl` from it), 'rollout' (requires
-      `rollout_logp`, ignores `old_logp`) or None.
+    reads: the second log-prob it reads: 'old' (`old_logp`), 'rollout'
+      (`rollout_logp`; `old_logp` is ignored) or None.
+    read_required: False where the loss only logs a metric from the
+      log-prob it reads (`reinforce`'s `ppo_kl`), so it may be None.
     uses_is_weights: False where the loss already divides by μ, so passing
       IS weights is an error.
+    needs_key: the loss draws random numbers (`clip_cov`): a PRNG `key`,
+      or the injected `clip_cov_pick`, is required.
     requires: `(knob, why)` for each knob (a positive number) that must not
       be None for this loss; checked when the actor config is built and on
       every `policy_loss` call.
@@ -85,22 +98,26 @@ class PolicyLoss:
   fn: LossFn
   natural_agg: str = _TM
   reads: str | None = 'old'
+  read_required: bool = True
   uses_is_weights: bool = True
+  needs_key: bool = False
   requires: tuple[tuple[str, str], ...] = ()
 
 
+# μ-anchored: reads rollout_logp and already divides by μ.
+_MU = dict(reads='rollout', uses_is_weights=False)
 LOSSES: dict[str, PolicyLoss] = {
-  'vanilla': PolicyLoss(policy_ppo.vanilla),
-  'gspo': PolicyLoss(policy_ppo.gspo, natural_agg=_SM),
-  'gspo_seq': PolicyLoss(policy_ppo.gspo_seq, natural_agg=_SM),
-  'sapo': PolicyLoss(policy_ppo.sapo, natural_agg=_SM),
-  'gpg': PolicyLoss(policy_pg.gpg, reads=None),
-  'cispo': PolicyLoss(policy_ppo.cispo),
-  'clip_cov': PolicyLoss(policy_ppo.clip_cov),
-  'kl_cov': PolicyLoss(policy_ppo.kl_cov),
-  'geo_mean': PolicyLoss(policy_ppo.geo_mean, natural_agg=_SM),
+  'vanilla': PolicyLoss(ratio.vanilla),
+  'gspo': PolicyLoss(ratio.gspo, natural_agg=_SM),
+  'gspo_seq': PolicyLoss(ratio.gspo_seq, natural_agg=_SM),
+  'sapo': PolicyLoss(ratio.sapo, natural_agg=_SM),
+  'gpg': PolicyLoss(logprob.gpg, reads=None),
+  'cispo': PolicyLoss(logprob.cispo),
+  'clip_cov': PolicyLoss(ratio.clip_cov, needs_key=True),
+  'kl_cov': PolicyLoss(ratio.kl_cov),
+  'geo_mean': PolicyLoss(ratio.geo_mean, natural_agg=_SM),
   'dro': PolicyLoss(
-    policy_pg.dro,
+    logprob.dro,
     # verl's own message, which its callers match on.
     requires=(
       (
@@ -109,30 +126,21 @@ LOSSES: dict[str, PolicyLoss] = {
       ),
     ),
   ),
-  'dppo_tv': PolicyLoss(policy_ppo.dppo_tv),
-  'dppo_kl': PolicyLoss(policy_ppo.dppo_kl),
-  'reinforce': PolicyLoss(policy_pg.reinforce),
-  'rollout_is': PolicyLoss(
-    policy_pg.rollout_is, reads='rollout', uses_is_weights=False
-  ),
-  'prime': PolicyLoss(policy_pg.prime, reads='rollout', uses_is_weights=False),
-  # Stale and μ-anchored data (policy_stale).
-  'cispo_rollout': PolicyLoss(
-    policy_stale.entry_cispo_rollout, reads='rollout', uses_is_weights=False
-  ),
-  'dppo_mu_tv': PolicyLoss(
-    policy_stale.entry_dppo_mu_tv, reads='rollout', uses_is_weights=False
-  ),
-  'dppo_mu_kl': PolicyLoss(
-    policy_stale.entry_dppo_mu_kl, reads='rollout', uses_is_weights=False
-  ),
-  'm2po': PolicyLoss(policy_stale.entry_m2po),
-  'topr': PolicyLoss(policy_stale.entry_topr, natural_agg=_SM),
+  'dppo_tv': PolicyLoss(ratio.dppo_tv),
+  'dppo_kl': PolicyLoss(ratio.dppo_kl),
+  'reinforce': PolicyLoss(logprob.reinforce, read_required=False),
+  'rollout_is': PolicyLoss(logprob.rollout_is, **_MU),
+  'prime': PolicyLoss(logprob.prime, **_MU),
+  # Stale and μ-anchored data.
+  'cispo_rollout': PolicyLoss(logprob.cispo_rollout, **_MU),
+  'dppo_mu_tv': PolicyLoss(ratio.dppo_mu_tv, **_MU),
+  'dppo_mu_kl': PolicyLoss(ratio.dppo_mu_kl, **_MU),
+  'm2po': PolicyLoss(ratio.m2po),
+  'topr': PolicyLoss(logprob.topr, natural_agg=_SM),
 }
 """The registry: name -> `PolicyLoss`. Adding a loss is one entry here (its
-function in `policy_ppo`/`policy_pg`/`policy_stale`) plus any new knob as
-one `setting` of `PolicyKnobs`; configs, validation and `ActorLossConfig`
-follow."""
+function in `ratio` or `logprob`) plus any new knob as one `setting` of
+`PolicyKnobs`; configs, validation and `ActorLossConfig` follow."""
 
 NATURAL_AGG: dict[str, str] = {n: e.natural_agg for n, e in LOSSES.items()}
 READS: dict[str, str | None] = {n: e.reads for n, e in LOSSES.items()}
@@ -224,21 +232,24 @@ def _prepare(
 ):
   """Trace-time checks on the arrays (shapes, dtype, presence)."""
   masked.check_mask(mask)
-  reads = READS[name]
-  if reads == 'old' and name != 'reinforce':
-    masked.require(old_logp, 'old_logp', f'by policy loss {name!r}')
-  if reads == 'rollout':
-    masked.require(rollout_logp, 'rollout_logp', f'by policy loss {name!r}')
+  entry = LOSSES[name]
+  read = {
+    'old': ('old_logp', old_logp),
+    'rollout': ('rollout_logp', rollout_logp),
+  }
+  if entry.reads is not None and entry.read_required:
+    arg, value = read[entry.reads]
+    masked.require(value, arg, f'by policy loss {name!r}')
   masked.require(logp, 'logp', 'by every policy loss')
   masked.require(advantages, 'advantages', 'by every policy loss')
-  if is_weights is not None and not USES_IS_WEIGHTS[name]:
+  if is_weights is not None and not entry.uses_is_weights:
     raise ValueError(
       f'is_weights must be None for policy loss {name!r}: it already divides '
       'by μ, so IS weights would correct twice (allowed: None)'
     )
-  if name == 'clip_cov' and key is None and pick is None:
+  if entry.needs_key and key is None and pick is None:
     raise ValueError(
-      "key is required by policy loss 'clip_cov' (a jax.random key for its "
+      f'key is required by policy loss {name!r} (a jax.random key for its '
       'random draw), got None; or pass clip_cov_pick'
     )
   if pick is not None:
