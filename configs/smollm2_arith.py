@@ -6,7 +6,7 @@
   python -m jaxcorr.main --config=configs/smollm2_arith.py:decoupled_geo_rs ...
 
 Every prompt is the model's own chat turn (its chat template, read from the
-converted directory by `jaxcorr.rollout.tokenizer.chat_prompt_template`):
+converted directory by `jaxcorr.data.chat.chat_prompt_template`):
 the user asks `What is 17+25=` and the model answers in its own words ("The
 answer is 42."); `math_answer` scores the last number of the decoded reply,
 responses end at the template's end-of-turn token `<|im_end|>`. Evaluation
@@ -33,8 +33,8 @@ import ml_collections
 
 from configs import base
 from configs.arith_tiny import split
+from jaxcorr.data.chat import chat_prompt_template
 from jaxcorr.model import smollm2
-from jaxcorr.rollout.tokenizer import chat_prompt_template
 
 # The user turn around each generated problem ('17+25=').
 CONTENT = 'What is {prompt}'

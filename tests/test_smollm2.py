@@ -18,13 +18,13 @@ from model_testing import forward, logprobs
 
 from jaxcorr.data import prompts as data
 from jaxcorr.data import text
+from jaxcorr.data.chat import ChatTemplate, chat_prompt_template
 from jaxcorr.data.tasks import Example
 from jaxcorr.model import load_hf
 from jaxcorr.model import smollm2 as smollm2_lib
 from jaxcorr.model.gguf import _unpermute
 from jaxcorr.rollout import driver
 from jaxcorr.rollout.engine import PolicyEngine
-from jaxcorr.rollout.tokenizer import ChatTemplate, chat_prompt_template
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')

@@ -3,6 +3,7 @@ the ids the engine samples from.
 
 Modules: `config` (the `data` section), `tasks` (the embedded arithmetic
 task and its character tokenizer), `prompts` (prompt sources and the
-checkpointable loader), `text` (prompts in, responses out), `prompt_check`
-(every prompt tokenized and length-checked at start-up).
+checkpointable loader), `chat` (a model's own chat template as the prompt
+template), `text` (prompts in, responses out), `prompt_check` (every prompt
+tokenized and length-checked at start-up).
 """
