@@ -28,11 +28,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import golden_data as gd
 from jaxcorr.losses import advantages as adv_lib
 from jaxcorr.losses import kl as kl_lib
 from jaxcorr.losses import masked
 from jaxcorr.losses import rewards as rw
+from tests.helpers import golden_data as gd
 
 RTOL = ATOL = 1e-6
 

@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import golden_data as gd
 from jaxcorr.losses import aggregate as agg_lib
 from jaxcorr.losses import kl as kl_lib
+from tests.helpers import golden_data as gd
 
 TOL = dict(rtol=1e-6, atol=1e-6)
 

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import functools
 
-import correction_golden_map as gm
 import numpy as np
 import pytest
 
 from jaxcorr.losses import correction as corr
+from tests.helpers import correction_golden_map as gm
 
 PREFIX = corr.METRIC_PREFIX
 RTOL = 1e-6

@@ -10,12 +10,12 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from model_testing import random_model
 
 from configs import arith_tiny
 from jaxcorr import export
 from jaxcorr.model import load_hf
 from jaxcorr.train.checkpoints import checkpointer as checkpoint
+from tests.helpers.model_testing import random_model
 
 
 def _run_dir(tmp_path):

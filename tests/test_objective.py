@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import golden_data as gd
 from configs import base as base_config
 from configs import presets
 from jaxcorr.config import convert
@@ -28,6 +27,7 @@ from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective as obj
 from jaxcorr.losses import policy as pol
 from jaxcorr.losses import value as val
+from tests.helpers import golden_data as gd
 
 TOL = dict(rtol=1e-6, atol=1e-6)
 MET_TOL = dict(rtol=1e-5, atol=1e-6)  # std/χ²-type metrics (golden README)

@@ -22,10 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import golden_data as gd
 from jaxcorr.losses import aggregate as agg_lib
 from jaxcorr.losses import policy
 from jaxcorr.losses.policy_base import LossInputs
+from tests.helpers import golden_data as gd
 
 RTOL = 1e-6
 ATOL = 1e-6

@@ -8,10 +8,10 @@ import grpc
 import jax.numpy as jnp
 import pytest
 from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
-from model_testing import forward, random_model, tiny_config
 
 from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
 from jaxcorr.serve import InvalidRequest, check_request, start_server
+from tests.helpers.model_testing import forward, random_model, tiny_config
 
 
 def _free_port() -> int:

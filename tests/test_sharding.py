@@ -12,7 +12,10 @@ import pytest
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
-from model_testing import (
+
+from jaxcorr import sharding as sh
+from jaxcorr.model import Transformer, token_logprobs
+from tests.helpers.model_testing import (
   opt_state_shardings,
   random_model,
   random_tokens,
@@ -20,9 +23,6 @@ from model_testing import (
   stack_layers,
   tiny_config,
 )
-
-from jaxcorr import sharding as sh
-from jaxcorr.model import Transformer, token_logprobs
 
 # -------------------------------------------------------------------- mesh
 

@@ -10,11 +10,11 @@ import pytest
 from absl import flags
 from ml_collections import ConfigDict, config_flags
 
-import golden_data as gd
 from configs import base, presets
 from jaxcorr.config import convert, fields
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective as obj
+from tests.helpers import golden_data as gd
 
 BASE_FILE = str(pathlib.Path(base.__file__))
 C = corr_lib.CorrectionConfig

@@ -19,7 +19,7 @@ import re
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PY_DIRS = ('jaxcorr', 'configs', 'bench', 'tests')
 OUTPUT_FILES = frozenset({'results.md'})
 """`.md` names of files the code writes, not documents it cites."""

@@ -20,7 +20,7 @@ import re
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 _SECTION = '\u00a7'  # the section sign, spelled so this file cites nothing
 _GUIDE_REF = r'((?:[\w.]+/)*)(\w+)\.md ' + _SECTION + r'(\d+)'
 # The top-level pages (the README) and the guides.
@@ -95,10 +95,10 @@ def _custom_reward(tmp_path):
 
 def _tiny_hf_model(tmp_path):
   """'my-model': a tiny random Qwen2 with a word-level tokenizer."""
-  from model_testing import random_model, tiny_config
   from tokenizers import Tokenizer, models
 
   from jaxcorr.model import save_hf
+  from tests.helpers.model_testing import random_model, tiny_config
 
   cfg = tiny_config()
   save_hf(random_model(cfg), tmp_path / 'my-model')
@@ -111,9 +111,8 @@ def _tiny_hf_model(tmp_path):
 
 
 def _rollout(tmp_path):
-  from model_testing import random_model, tiny_config
-
   from jaxcorr import sharding
+  from tests.helpers.model_testing import random_model, tiny_config
 
   cfg = tiny_config()
   return dict(
@@ -354,7 +353,7 @@ NOT_TESTS = {'test_freq'}
 @functools.cache
 def _test_names() -> frozenset[str]:
   names = set()
-  for path in ROOT.glob('tests/*.py'):
+  for path in ROOT.glob('tests/**/*.py'):
     names |= set(re.findall(r'^def (test_\w+)', path.read_text(), re.M))
   return frozenset(names)
 

@@ -21,7 +21,7 @@ import pytest
 # Imported, not skipped when missing: the test extra installs both, and a
 # notebook test that silently skips would let the notebooks rot.
 
-NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / 'notebooks'
+NOTEBOOKS = pathlib.Path(__file__).resolve().parents[2] / 'notebooks'
 
 
 def _execute(name: str, cwd: pathlib.Path) -> float:

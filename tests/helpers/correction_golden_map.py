@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-import golden_data
+from tests.helpers import golden_data
 
 
 @dataclasses.dataclass

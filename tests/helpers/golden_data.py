@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).parent / 'golden'
+ROOT = pathlib.Path(__file__).resolve().parents[1] / 'golden'
 FRAMEWORKS = ('verl', 'skyrl', 'slime', 'prime')
 _SPECIAL = {'NaN': math.nan, 'Infinity': math.inf, '-Infinity': -math.inf}
 

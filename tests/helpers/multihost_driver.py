@@ -41,7 +41,9 @@ from typing import Any
 
 import jax
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 REWARD = 'test_scattered'
 ROLLOUT_FIELDS = (
   'prompt_tokens',

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from jaxcorr import distributed
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

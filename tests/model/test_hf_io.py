@@ -14,14 +14,6 @@ import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
-from model_testing import (
-  forward,
-  random_model,
-  random_tokens,
-  shard_batch,
-  stack_layers,
-  tiny_config,
-)
 from safetensors.numpy import load_file, save_file
 
 from jaxcorr import sharding as sh
@@ -33,6 +25,14 @@ from jaxcorr.model import (
   save_hf,
 )
 from jaxcorr.model.hf_io import INDEX_FILE, SINGLE_FILE
+from tests.helpers.model_testing import (
+  forward,
+  random_model,
+  random_tokens,
+  shard_batch,
+  stack_layers,
+  tiny_config,
+)
 
 
 def _assert_same_params(a, b):

@@ -18,9 +18,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from model_testing import forward, logprobs
 
 from jaxcorr.model import load_hf, save_hf
+from tests.helpers.model_testing import forward, logprobs
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')

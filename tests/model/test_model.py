@@ -11,18 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from model_testing import (
-  VOCAB,
-  forward,
-  hidden,
-  logprobs,
-  naive_logprobs,
-  random_model,
-  random_tokens,
-  stack_layers,
-  tiny_config,
-  with_config,
-)
 
 from jaxcorr.model import (
   RopeScaling,
@@ -36,6 +24,18 @@ from jaxcorr.model import (
   token_logprobs,
 )
 from jaxcorr.model.layers import rope_frequencies
+from tests.helpers.model_testing import (
+  VOCAB,
+  forward,
+  hidden,
+  logprobs,
+  naive_logprobs,
+  random_model,
+  random_tokens,
+  stack_layers,
+  tiny_config,
+  with_config,
+)
 
 # ------------------------------------------------------------------ config
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from model_testing import forward, logprobs
 
 from jaxcorr.data import prompts as data
 from jaxcorr.data import text
@@ -25,6 +24,7 @@ from jaxcorr.model.gguf import _unpermute
 from jaxcorr.rollout import driver
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.tokenizer import ChatTemplate, chat_prompt_template
+from tests.helpers.model_testing import forward, logprobs
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')

@@ -6,9 +6,9 @@ pattern it replaced as the positive control."""
 import jax
 import jax.numpy as jnp
 import pytest
-from model_testing import random_model, tiny_config
 
 from jaxcorr.rollout.engine import PolicyEngine
+from tests.helpers.model_testing import random_model, tiny_config
 
 # A long cache and wide heads (Dh = 32), so one layer's cache outweighs the
 # attention scores [N, H, T] and every other temporary.

@@ -5,10 +5,10 @@ nothing in the batch (tokens equal, log-probs within float32 noise)."""
 import jax
 import numpy as np
 import pytest
-from model_testing import random_model, tiny_config
 
 from jaxcorr.rollout import driver
 from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
+from tests.helpers.model_testing import random_model, tiny_config
 
 PROMPTS = [[3, 4, 5], list(range(10, 31)), [7], [9] * 9, [20, 21, 22]]
 

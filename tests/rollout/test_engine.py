@@ -11,11 +11,16 @@ import numpy as np
 import pytest
 from flax import nnx
 from jetstream.engine import engine_api
-from model_testing import forward, logprobs, random_model, tiny_config
 
 from jaxcorr import sampling
 from jaxcorr.rollout import ValidationConfig, driver, validate_rollout_batch
 from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
+from tests.helpers.model_testing import (
+  forward,
+  logprobs,
+  random_model,
+  tiny_config,
+)
 
 PROMPTS = [[3, 4, 5], list(range(10, 31)), [7], [9] * 9, [20, 21, 22, 23, 24]]
 STOP = (1, 2)

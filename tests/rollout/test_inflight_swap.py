@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from model_testing import logprobs, random_model, tiny_config
 
 from jaxcorr.rollout.decoder import Decoder, Request
 from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
+from tests.helpers.model_testing import logprobs, random_model, tiny_config
 
 PROMPTS = [[3, 4, 5], list(range(10, 31)), [7], [9] * 9]
 NEW = 24

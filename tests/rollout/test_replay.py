@@ -7,13 +7,13 @@ bias log Z_t < 0."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from model_testing import forward, random_model, tiny_config
 
 from jaxcorr import sampling
 from jaxcorr.model.logprobs import replay_logprobs
 from jaxcorr.rollout import ValidationConfig, driver, validate_rollout_batch
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.kept_set import KeptSet, kept_mask
+from tests.helpers.model_testing import forward, random_model, tiny_config
 
 PROMPTS = [[3, 4, 5], list(range(10, 31)), [7], [9] * 9]
 

@@ -41,15 +41,15 @@ import shutil
 
 import jax
 import numpy as np
-import process_group
 
 from jaxcorr.rollout.types import RolloutBatch
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train.tracker import reduction
 from jaxcorr.train.tracker.reduction import Metric
+from tests.helpers import process_group
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-DRIVER = REPO / 'tests' / 'multihost_driver.py'
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DRIVER = REPO / 'tests' / 'helpers' / 'multihost_driver.py'
 PRESET = 'decoupled_token_is'
 METRIC_RTOL = 1e-5
 # Same rollouts, different reduction order (gloo across 2 processes vs one

@@ -18,7 +18,7 @@ from configs import arith_tiny, base, gsm8k_qwen, llama8b_fsdp, presets, trainer
 from jaxcorr.config import fields
 from jaxcorr.train import run_config
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 TASKS = {
   'arith_tiny': arith_tiny,
   'gsm8k_qwen': gsm8k_qwen,

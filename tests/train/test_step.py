@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from model_testing import fresh_train_state
 
 from configs import arith_tiny
 from jaxcorr import sharding
@@ -24,6 +23,7 @@ from jaxcorr.train import run_config as run_lib
 from jaxcorr.train.setup import model_config
 from jaxcorr.train.state import make_optimizer
 from jaxcorr.train.step import Steps
+from tests.helpers.model_testing import fresh_train_state
 
 B, P, T = 8, 6, 5
 

@@ -9,11 +9,11 @@ show that the difference is exactly the documented one.
 
 from __future__ import annotations
 
-import correction_golden_map as gm
 import numpy as np
 import pytest
 
 from jaxcorr.losses import correction as corr
+from tests.helpers import correction_golden_map as gm
 
 P = corr.METRIC_PREFIX
 
@@ -413,7 +413,7 @@ def test_d7_every_verl_config_error_is_raised_at_build_time():
   raises while the config is built, before any array is seen. Every verl
   `errors` case that raises a ValueError about the configuration raises
   from `CorrectionConfig(...)` alone, with the offending field named."""
-  import golden_data
+  from tests.helpers import golden_data
 
   gs = golden_data.load('verl')
   checked = 0

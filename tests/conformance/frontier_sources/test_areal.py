@@ -34,9 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import golden_data as gd
 from jaxcorr.losses import correction, correction_reject, policy
 from jaxcorr.losses.correction_config import CorrectionConfig
+from tests.helpers import golden_data as gd
 
 FW = 'frontier/areal'
 RTOL = ATOL = 1e-6

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import golden_data as gd
 from jaxcorr.losses import correction_reject as cr
+from tests.helpers import golden_data as gd
 
 FW = 'frontier/nemo_rl'
 STATS = ('max', 'mean', 'min')

@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import golden_data as gd
 from jaxcorr.losses import correction, policy, policy_stale
 from jaxcorr.losses.correction_config import CorrectionConfig
+from tests.helpers import golden_data as gd
 
 SKY = 'frontier/skyrl_frontier'
 PR = 'frontier/verl_pr'

@@ -24,11 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import golden_data as gd
 from jaxcorr import sampling
 from jaxcorr.model import logprobs as lp_lib
 from jaxcorr.rollout import kept_set as ks
 from jaxcorr.rollout import validate
+from tests.helpers import golden_data as gd
 
 FW = 'frontier/slime_frontier'
 ATOL = 1e-6
@@ -410,7 +410,7 @@ def test_rollout_batch_in_replay_mode_needs_kept_sets():
   values."""
   import dataclasses
 
-  from test_rollout_validate import CFG, good_batch
+  from tests.rollout.test_validate import CFG, good_batch
 
   replay_cfg = dataclasses.replace(CFG, logprob_mode='replay')
   with pytest.raises(ValueError, match='kept_ids: missing'):

@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import golden_data as gd
 from jaxcorr.losses import aggregate as agg_lib
 from jaxcorr.losses import policy
+from tests.helpers import golden_data as gd
 
 FW = 'frontier/verl_frontier'
 RTOL = ATOL = 1e-6

@@ -697,7 +697,7 @@ def test_new_metrics_match_hand_derivation():
   """The metrics that no reference has (marked "new" in
   docs/math/correction.md §5), derived in float64 on the verl batch with an
   empty row and two non-finite rows."""
-  import correction_golden_map as gm
+  from tests.helpers import correction_golden_map as gm
 
   d = gm.load('verl').dataset()
   train, rollout = d['old_log_prob'].copy(), d['rollout_log_prob'].copy()

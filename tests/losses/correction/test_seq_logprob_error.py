@@ -24,13 +24,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import golden_data as gd
 from configs import base
 from jaxcorr.config import convert
 from jaxcorr.losses import correction as corr
 from jaxcorr.losses import correction_reject as cr
 from jaxcorr.losses import objective as obj
 from jaxcorr.losses import rewards
+from tests.helpers import golden_data as gd
 
 FW = 'frontier/nemo_rl'
 C = corr.CorrectionConfig
@@ -306,12 +306,11 @@ def _train_step(mode: str):
   """One `Steps.prepare` + `Steps.update` of the tiny arithmetic model with
   the `nemo_seq_logprob_error` preset's criterion (tests/test_train_step.py's
   batch)."""
-  from model_testing import fresh_train_state
-  from test_train_step import _arrays, _one_device_mesh
-
   from configs import arith_tiny
   from jaxcorr.train import batch as batch_lib
   from jaxcorr.train import run_config as run_lib
+  from tests.helpers.model_testing import fresh_train_state
+  from tests.train.test_step import _arrays, _one_device_mesh
 
   c = arith_tiny.get_config('pulse+nemo_seq_logprob_error')
   c.correction.mode = mode

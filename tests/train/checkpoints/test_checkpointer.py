@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -16,12 +17,12 @@ import optax
 import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
-from model_testing import random_model, tiny_config
 
 from jaxcorr import sharding
 from jaxcorr.losses import rewards
 from jaxcorr.train.checkpoints import checkpointer as checkpoint
 from jaxcorr.train.state import TrainState
+from tests.helpers.model_testing import random_model, tiny_config
 
 
 @pytest.fixture(scope='module')
@@ -372,11 +373,11 @@ def test_no_readable_step_is_one_line_error_and_renames_nothing(tmp_path):
   assert err.__context__ is None or err.__suppress_context__
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(pathlib.Path(__file__).resolve().parents[3])
 _CONSOLE_SCRIPT = """
 import gc, os, pathlib, sys, time
 import jax.numpy as jnp
-from jaxcorr.train import checkpoint
+from jaxcorr.train.checkpoints import checkpointer as checkpoint
 d = pathlib.Path(sys.argv[1])
 small = lambda s=0: {'w': jnp.arange(8.0) + s, 'v': [jnp.ones((4, 4)) * s, s]}
 with checkpoint.Checkpointer(str(d), every=1, keep=3) as ckpt:

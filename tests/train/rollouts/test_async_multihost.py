@@ -53,7 +53,8 @@ import pathlib
 
 import numpy as np
 import pytest
-import test_multihost_train as mh
+
+from tests.train import test_multihost as mh
 
 STEPS = 3
 LOGP_ATOL = 1e-5  # measured 4.8e-7 (float32 rounding of the engines)

@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from model_testing import fresh_train_state
 
 from configs import arith_tiny
 from jaxcorr import sharding
@@ -29,6 +28,7 @@ from jaxcorr.train.rollouts import staleness
 from jaxcorr.train.rollouts.stage import Scored
 from jaxcorr.train.tracker import reduction
 from jaxcorr.train.tracker.reduction import Metric
+from tests.helpers.model_testing import fresh_train_state
 
 STOP, ABORT, PAD = FinishReason.STOP, FinishReason.ABORT, FinishReason.PAD
 

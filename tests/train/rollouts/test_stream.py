@@ -9,11 +9,11 @@ import json
 
 import numpy as np
 import pytest
-from test_stream_resume import assert_bounded_and_mixed
 
 from configs import arith_tiny
 from jaxcorr import rewards as reward_fns
 from jaxcorr.train.loop import Trainer
+from tests.train.rollouts.test_stream_resume import assert_bounded_and_mixed
 
 LENGTH_REWARD = 'test_response_length'
 if LENGTH_REWARD not in reward_fns.REWARDS:

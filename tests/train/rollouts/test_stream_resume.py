@@ -26,7 +26,8 @@ import json
 import pathlib
 
 import numpy as np
-import test_multihost_train as mh
+
+from tests.train import test_multihost as mh
 
 CHECKPOINT = 3
 STEPS = 6
