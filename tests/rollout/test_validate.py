@@ -110,3 +110,16 @@ def test_staleness_per_row():
   np.testing.assert_array_equal(
     b.replace(policy_version=version).staleness(4), [1, 3, 1, 1]
   )
+
+
+def test_rollout_batch_in_replay_mode_needs_kept_sets():
+  """validate.py rule 9: a 'replay' batch without kept sets is refused,
+  naming the field; an unknown logprob_mode is refused with the allowed
+  values."""
+  replay_cfg = dataclasses.replace(CFG, logprob_mode='replay')
+  with pytest.raises(ValueError, match='kept_ids: missing'):
+    validate_rollout_batch(good_batch(), replay_cfg)
+  with pytest.raises(ValueError, match="'full', 'truncated', 'replay'"):
+    validate_rollout_batch(
+      good_batch(), dataclasses.replace(CFG, logprob_mode='processed')
+    )
