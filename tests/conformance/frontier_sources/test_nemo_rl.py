@@ -8,6 +8,15 @@ trainer log-probs are `prev_logprobs` (π_old), the engine's are
 (it is a fraction in NeMo too). `sc_reduce/*` replays the single
 controller's three 4-row chunks with `reduce_seq_error_metrics`, which must
 equal both NeMo's reduction and one call on the whole batch.
+
+The same goldens go through `rollout_correction` too, the config path a user
+takes (`correction.rs='seq_mean_mpe'`, `rs_bounds=<threshold>`, NeMo's
+`null` threshold as a bound no error reaches). Metric names there: NeMo
+`{max,mean,min}_seq_mult_prob_error` → `rollout_rs_seq_mean_mpe_seq_{max,
+mean,min}`, `..._after_mask` → `..._kept_seq_{max,mean,min}`,
+`masked_correct_pct` → `..._masked_correct_fraction`, `num_masked_seqs` →
+the non-empty rows the output mask drops (`seq_masked_fraction` × the
+non-empty rows).
 """
 
 from __future__ import annotations
@@ -17,11 +26,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxcorr.losses import correction as corr
 from jaxcorr.losses import correction_reject as cr
 from tests.helpers import golden_data as gd
 
 FW = 'frontier/nemo_rl'
 STATS = ('max', 'mean', 'min')
+P = 'rollout_corr/rollout_rs_seq_mean_mpe_'
+NO_MASK = 1e9  # NeMo's null threshold: no error reaches it
 
 
 def _call(kw, rows=slice(None)):
@@ -98,3 +110,60 @@ def test_padding_invariance_jit_and_threshold_check():
     np.testing.assert_allclose(met[k], met2[k], rtol=1e-6, err_msg=k)
   with pytest.raises(ValueError, match='threshold'):
     _call({**kw, 'seq_logprob_error_threshold': 'high'})
+
+
+def _inputs(kw):
+  """NeMo's `[B, T+1]` arrays (prompt column 0) → jaxcorr's `[B, T]`; a
+  row outside `sample_mask` has no valid token."""
+  sample = kw['sample_mask'] > 0
+  mask = (kw['token_mask'][:, 1:] > 0) & sample[:, None]
+  return (
+    jnp.asarray(kw['prev_logprobs'][:, 1:]),
+    jnp.asarray(kw['generation_logprobs'][:, 1:]),
+    jnp.asarray(mask),
+    jnp.asarray(kw['rewards'], jnp.float32),
+  )
+
+
+@pytest.mark.parametrize('case', gd.case_params(FW, prefix='seq_mask/'))
+def test_config_path_reproduces_nemo(case):
+  gs = gd.load(FW)
+  kw = gs.kwargs(case)
+  want = gs.outputs(case)
+  train, roll, mask, reward = _inputs(kw)
+  threshold = kw['seq_logprob_error_threshold']
+  threshold = NO_MASK if threshold is None else threshold
+  out = corr.rollout_correction(
+    train,
+    roll,
+    mask,
+    corr.CorrectionConfig(rs='seq_mean_mpe', rs_bounds=threshold),
+    seq_reward=reward,
+  )
+  mask, got_mask = np.asarray(mask), np.asarray(out.mask)
+  nonempty = mask.any(-1)
+  kept = got_mask.any(-1)
+  after = want['sample_mask_after'] > 0
+  # A row is kept or dropped whole; NeMo keeps empty rows (error 0).
+  np.testing.assert_array_equal(got_mask, mask & kept[:, None])
+  np.testing.assert_array_equal(kept, after & nonempty)
+  np.testing.assert_array_equal(out.weights, got_mask.astype(np.float32))
+  m = want['metrics']
+  for s in ('max', 'mean', 'min'):
+    np.testing.assert_allclose(
+      out.metrics[f'{P}seq_{s}'], m[f'{s}_seq_mult_prob_error'], rtol=1e-5
+    )
+    np.testing.assert_allclose(
+      out.metrics[f'{P}kept_seq_{s}'],
+      m[f'{s}_seq_mult_prob_error_after_mask'],
+      rtol=1e-5,
+    )
+  dropped = int(np.sum(nonempty & ~kept))
+  assert dropped == m['num_masked_seqs']
+  frac = float(out.metrics[P + 'seq_masked_fraction'])
+  assert round(frac * nonempty.sum()) == m['num_masked_seqs']
+  np.testing.assert_allclose(
+    out.metrics[P + 'masked_correct_fraction'],
+    m['masked_correct_pct'],
+    rtol=1e-6,
+  )

@@ -1,18 +1,13 @@
 """NeMo-RL's sequence log-prob-error mask as a correction option.
 
 `correction.rs='seq_mean_mpe'` with `rs_bounds=<threshold>` is NeMo-RL's
-`grpo.seq_logprob_error_threshold` (`frontier/nemo_rl`, `b59165262`,
-#3671): the goldens are replayed through `rollout_correction`, the config
-path a user takes, not only through the standalone
-`correction_reject.seq_logprob_error_mask` (tests/test_frontier_nemo.py).
-NeMo's `null` threshold (metrics only) is a bound no error reaches
-(`rs_bounds=1e9`: errors are clamped at e^20 ≈ 4.85e8).
-
-Metric names: NeMo `{max,mean,min}_seq_mult_prob_error` →
-`rollout_rs_seq_mean_mpe_seq_{max,mean,min}`, `..._after_mask` →
-`..._kept_seq_{max,mean,min}`, `masked_correct_pct` →
-`..._masked_correct_fraction`, `num_masked_seqs` → the non-empty rows the
-output mask drops (`seq_masked_fraction` × the non-empty rows).
+`grpo.seq_logprob_error_threshold`: the config path equals the standalone
+`correction_reject.seq_logprob_error_mask`, composes with other criteria and
+the veto, has a fixed metric key set and clear errors, and runs in the
+trainer in both modes. NeMo's `null` threshold (metrics only) is a bound no
+error reaches (`rs_bounds=1e9`: errors are clamped at e^20 ≈ 4.85e8). The
+goldens (`frontier/nemo_rl`) are replayed through both paths in
+tests/conformance/frontier_sources/test_nemo_rl.py.
 """
 
 from __future__ import annotations
@@ -30,9 +25,7 @@ from jaxcorr.losses import correction as corr
 from jaxcorr.losses import correction_reject as cr
 from jaxcorr.losses import objective as obj
 from jaxcorr.losses import rewards
-from tests.helpers import golden_data as gd
 
-FW = 'frontier/nemo_rl'
 C = corr.CorrectionConfig
 P = 'rollout_corr/rollout_rs_seq_mean_mpe_'
 NO_MASK = 1e9
@@ -60,64 +53,9 @@ MPE_KEYS = {
 }
 
 
-def _inputs(kw):
-  """NeMo's `[B, T+1]` arrays (prompt column 0) → jaxcorr's `[B, T]`; a
-  row outside `sample_mask` has no valid token."""
-  sample = kw['sample_mask'] > 0
-  mask = (kw['token_mask'][:, 1:] > 0) & sample[:, None]
-  return (
-    jnp.asarray(kw['prev_logprobs'][:, 1:]),
-    jnp.asarray(kw['generation_logprobs'][:, 1:]),
-    jnp.asarray(mask),
-    jnp.asarray(kw['rewards'], jnp.float32),
-  )
-
-
 def _cfg(threshold, **kw):
   bound = NO_MASK if threshold is None else threshold
   return C(rs='seq_mean_mpe', rs_bounds=bound, **kw)
-
-
-@pytest.mark.parametrize('case', gd.case_params(FW, prefix='seq_mask/'))
-def test_config_path_reproduces_nemo(case):
-  gs = gd.load(FW)
-  kw = gs.kwargs(case)
-  want = gs.outputs(case)
-  train, roll, mask, reward = _inputs(kw)
-  out = corr.rollout_correction(
-    train,
-    roll,
-    mask,
-    _cfg(kw['seq_logprob_error_threshold']),
-    seq_reward=reward,
-  )
-  mask, got_mask = np.asarray(mask), np.asarray(out.mask)
-  nonempty = mask.any(-1)
-  kept = got_mask.any(-1)
-  after = want['sample_mask_after'] > 0
-  # A row is kept or dropped whole; NeMo keeps empty rows (error 0).
-  np.testing.assert_array_equal(got_mask, mask & kept[:, None])
-  np.testing.assert_array_equal(kept, after & nonempty)
-  np.testing.assert_array_equal(out.weights, got_mask.astype(np.float32))
-  m = want['metrics']
-  for s in ('max', 'mean', 'min'):
-    np.testing.assert_allclose(
-      out.metrics[f'{P}seq_{s}'], m[f'{s}_seq_mult_prob_error'], rtol=1e-5
-    )
-    np.testing.assert_allclose(
-      out.metrics[f'{P}kept_seq_{s}'],
-      m[f'{s}_seq_mult_prob_error_after_mask'],
-      rtol=1e-5,
-    )
-  dropped = int(np.sum(nonempty & ~kept))
-  assert dropped == m['num_masked_seqs']
-  frac = float(out.metrics[P + 'seq_masked_fraction'])
-  assert round(frac * nonempty.sum()) == m['num_masked_seqs']
-  np.testing.assert_allclose(
-    out.metrics[P + 'masked_correct_fraction'],
-    m['masked_correct_pct'],
-    rtol=1e-6,
-  )
 
 
 def _random(seed, b=9, t=13):
