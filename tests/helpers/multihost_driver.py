@@ -198,9 +198,9 @@ def main(argv: list[str]) -> None:
     )
   import numpy as np
 
-  from configs import arith_tiny
   from jaxcorr import rewards as reward_fns
   from jaxcorr.train.loop import Trainer
+  from tests.helpers.trainer_config import pulse_config
 
   assert jax.process_count() == args.processes, jax.process_count()
   assert jax.device_count() == args.devices * args.processes
@@ -212,16 +212,18 @@ def main(argv: list[str]) -> None:
     lambda response, answer: sum(map(ord, response)) % 7 / 7
   )
   name = f'pulse+{args.preset}'
-  config = arith_tiny.get_config(name)
-  config.reward.functions = f'exact_match,{REWARD}'
-  config.train.num_steps = args.num_steps
-  config.train.sft_steps = args.sft_steps
-  config.train.eval_every = 0
-  config.train.tensorboard = False
   # A learning rate that does not depend on num_steps: the test compares a
   # job stopped after step 2 with one that goes on to step 3.
-  config.optim.schedule = 'constant'
-  config.optim.warmup_steps = 0
+  config = pulse_config(
+    args.preset,
+    reward__functions=f'exact_match,{REWARD}',
+    train__num_steps=args.num_steps,
+    train__sft_steps=args.sft_steps,
+    train__eval_every=0,
+    train__tensorboard=False,
+    optim__schedule='constant',
+    optim__warmup_steps=0,
+  )
   arrays = {}
   rollouts = {}
   base = config

@@ -65,6 +65,10 @@ TOL_LAYOUT_METRICS = Tol(rtol=1e-4, atol=1e-5)
 """The step metrics of the same two layouts: means of per-row statistics
 reduced in another order."""
 
+TOL_LAYOUT_SHARDED = Tol(rtol=1e-4, atol=1e-5)
+"""Updated parameters of one trainer step sharded over 8 devices against
+one device: the collectives sum the gradients in an order of their own."""
+
 
 def assert_close(
   got,

@@ -14,25 +14,21 @@ import jax
 import numpy as np
 from flax import nnx
 
-from configs import arith_tiny
-from jaxcorr import rewards as reward_fns
 from jaxcorr.train.loop import Trainer
-
-LENGTH_REWARD = 'test_critic_response_length'
-if LENGTH_REWARD not in reward_fns.REWARDS:
-  # An untrained model never solves a problem: with exact match alone every
-  # reward, value target and advantage would be 0 and nothing would move.
-  reward_fns.register(LENGTH_REWARD)(lambda response, answer: len(response))
+from tests.helpers.trainer_config import pulse_config
 
 
 def test_ppo_with_critic_trains_after_sft(tmp_path):
-  config = arith_tiny.get_config('pulse')
-  config.critic.enabled = True
-  config.algorithm.estimator = 'gae'
-  config.algorithm.gamma = 1.0
-  config.algorithm.lam = 0.95
-  config.train.eval_every = 0
-  config.reward.functions = f'exact_match,{LENGTH_REWARD}:0.1'
+  # With exact match alone every reward, value target and advantage of an
+  # untrained model would be 0 and nothing would move.
+  config = pulse_config(
+    length_reward=True,
+    critic__enabled=True,
+    algorithm__estimator='gae',
+    algorithm__gamma=1.0,
+    algorithm__lam=0.95,
+    train__eval_every=0,
+  )
   assert config.train.sft_steps > 0
   trainer = Trainer(config, str(tmp_path))
   trainer.train()

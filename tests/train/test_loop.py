@@ -15,28 +15,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import arith_tiny
 from jaxcorr import export
 from jaxcorr import rewards as reward_fns
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.model import load_hf
 from jaxcorr.train.loop import Trainer
+from tests.helpers.trainer_config import pulse_config
 
 VOLATILE = ('time/', 'perf/')
-LENGTH_REWARD = 'test_response_length'
-if LENGTH_REWARD not in reward_fns.REWARDS:
-  # An untrained pulse model never solves a problem: a length reward gives
-  # GRPO groups with different rewards, hence non-zero advantages.
-  reward_fns.register(LENGTH_REWARD)(lambda response, answer: len(response))
-
-
-def _config(preset: str = '', **overrides):
-  c = arith_tiny.get_config('pulse+' + preset if preset else 'pulse')
-  c.reward.functions = f'exact_match,{LENGTH_REWARD}:0.1'
-  for path, value in overrides.items():
-    section, field = path.split('__')
-    c[section][field] = value
-  return c
 
 
 def _read(workdir) -> list[dict]:
@@ -76,7 +62,7 @@ def _expected_corr_metrics(trainer) -> set[str]:
   ],
 )
 def test_pulse_sync(tmp_path, preset):
-  trainer, last = _train(_config(preset), tmp_path)
+  trainer, last = _train(pulse_config(preset, length_reward=True), tmp_path)
   rows = _read(tmp_path)
   steps = [r['step'] for r in rows]
   assert steps == [0, 1, 2, 3]  # eval at 0, then num_steps RL steps
@@ -102,8 +88,11 @@ def test_pulse_sync(tmp_path, preset):
 def test_pulse_replay(tmp_path):
   """logprob_mode='replay': the engine's kept sets reach the trainer, whose
   π_old is renormalised over them (rollout/kept_set.py)."""
-  config = _config(
-    'decoupled_seq_is_rs', rollout__logprob_mode='replay', rollout__top_p=0.8
+  config = pulse_config(
+    'decoupled_seq_is_rs',
+    length_reward=True,
+    rollout__logprob_mode='replay',
+    rollout__top_p=0.8,
   )
   trainer, last = _train(config, tmp_path)
   rows = [r for r in _read(tmp_path) if r['step'] > 0]
@@ -124,8 +113,9 @@ def test_pulse_replay(tmp_path):
 
 
 def test_pulse_async_bounded_staleness(tmp_path):
-  config = _config(
+  config = pulse_config(
     'decoupled_token_is',
+    length_reward=True,
     rollout__mode='async',
     rollout__max_staleness=1,
     rollout__rollout_devices=2,
@@ -151,10 +141,13 @@ def test_resume_is_exact(tmp_path):
   # test_pulse_sync's first preset: its programs are in the session's
   # compile cache (tests/conftest.py); any preset resumes alike.
   preset = 'decoupled_seq_is_rs'
-  t_full, _ = _train(_config(preset, **kw), full)
+  t_full, _ = _train(pulse_config(preset, length_reward=True, **kw), full)
   # Run 2 of 4 steps, stop, then resume in a fresh trainer.
-  _train(_config(preset, **dict(kw, train__num_steps=2)), part)
-  t_resumed, _ = _train(_config(preset, **kw), part)
+  _train(
+    pulse_config(preset, length_reward=True, **dict(kw, train__num_steps=2)),
+    part,
+  )
+  t_resumed, _ = _train(pulse_config(preset, length_reward=True, **kw), part)
   assert t_resumed.step == 4
   a = jax.tree.leaves(jax.device_get(t_full.state.params))
   b = jax.tree.leaves(jax.device_get(t_resumed.state.params))
@@ -173,7 +166,7 @@ def test_reward_failure_scores_zero_and_counts(tmp_path):
 
   # A preset test_pulse_sync compiled (tests/conftest.py caches programs);
   # rewards are computed on the host, outside them.
-  config = _config(
+  config = pulse_config(
     'decoupled_seq_is_rs', reward__functions=f'exact_match,{name}:0.5'
   )
   _train(config, tmp_path)
@@ -188,7 +181,9 @@ def test_step_breakdown_metrics_and_export(tmp_path):
   """One run checked twice (a run costs a compile): the metrics a step
   writes, and `jaxcorr.export` of its last checkpoint to a HF directory that
   `load_hf` reads back as the same model."""
-  trainer, _ = _train(_config('bypass_ppo_clip'), tmp_path / 'run')
+  trainer, _ = _train(
+    pulse_config('bypass_ppo_clip', length_reward=True), tmp_path / 'run'
+  )
   r = _read(tmp_path / 'run')[-1]
   for k in (
     'time/rollout',

@@ -35,7 +35,6 @@ the reduction behind the host metrics of several processes.
 
 from __future__ import annotations
 
-import json
 import pathlib
 import shutil
 
@@ -46,85 +45,17 @@ from jaxcorr.rollout.types import RolloutBatch
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train.tracker import reduction
 from jaxcorr.train.tracker.reduction import Metric
-from tests.helpers import process_group
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
-DRIVER = REPO / 'tests' / 'helpers' / 'multihost_driver.py'
-PRESET = 'decoupled_token_is'
-METRIC_RTOL = 1e-5
-# Same rollouts, different reduction order (gloo across 2 processes vs one
-# process): Adam's m/sqrt(v) amplifies fp32 rounding on near-zero gradients.
-# Measured 1.04e-7 before the engine v2 / frontier merges and 1.03e-6 after
-# (same tokens and rewards, metrics within 1e-5): 2e-6 is the bound, and the
-# parameters still move more than 50x that in two steps.
-PARAM_ATOL = 2e-6
-VOLATILE = ('time/', 'perf/tokens_per_s')
-TIMEOUT_S = 420
-
-
-def _job(processes: int, devices: int, args: list[str]) -> None:
-  """Run the driver in `processes` processes; fail with their output."""
-  port = str(process_group.free_port())
-  argvs = [
-    [
-      str(DRIVER),
-      f'--devices={devices}',
-      f'--processes={processes}',
-      f'--process_id={pid}',
-      f'--port={port}',
-      f'--preset={PRESET}',
-      *args,
-    ]
-    for pid in range(processes)
-  ]
-  # Halves XLA's compile time, which is most of this test's; both jobs
-  # compile the same way, so the comparison is unaffected.
-  env = process_group.clean_env(XLA_FLAGS='--xla_backend_optimization_level=0')
-  results = process_group.run_group(argvs, env=env, timeout_s=TIMEOUT_S)
-  for pid, (code, out) in enumerate(results):
-    assert code == 0, f'process {pid} failed:\n{out[-6000:]}'
-    assert f'DONE process {pid}' in out, out[-6000:]
-
-
-def _metrics(workdir: pathlib.Path) -> list[dict]:
-  with open(workdir / 'metrics.jsonl') as f:
-    rows = [json.loads(line) for line in f]
-  return [
-    {k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows
-  ]
-
-
-def _params(arrays: dict, prefix: str) -> dict[str, np.ndarray]:
-  """`{path: array}` of one params tree of the drivers' .npz files."""
-  n = len(prefix) + 1
-  return {k[n:]: v for k, v in arrays.items() if k.startswith(prefix + '/')}
-
-
-def _max_diff(a: dict, b: dict) -> float:
-  assert a and a.keys() == b.keys()
-  return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
-
-
-def _assert_metrics_close(got: list[dict], want: list[dict]) -> str:
-  """Same steps, keys and values (within METRIC_RTOL); returns the worst
-  difference, for the log."""
-  assert [r['step'] for r in got] == [r['step'] for r in want]
-  worst = (0.0, '')
-  for g, w in zip(got, want):
-    assert g.keys() == w.keys(), g.keys() ^ w.keys()
-    for k, x in w.items():
-      rel = abs(g[k] - x) / max(1.0, abs(x))
-      assert rel <= METRIC_RTOL, (w['step'], k, g[k], x)
-      worst = max(worst, (rel, f'{k} at step {w["step"]}: {g[k]} vs {x}'))
-  return f'{worst[0]:.3g} ({worst[1]})'
+from tests.helpers import multihost_jobs as jobs
 
 
 def _run_jobs(root: pathlib.Path) -> dict[str, np.ndarray]:
   """The three jobs of the module docstring; their .npz arrays."""
   two, one, resumed = root / 'two', root / 'one', root / 'resumed'
-  _job(2, 4, [f'--workdir={two}', f'--out={root}/two.npz', '--num_steps=2'])
+  jobs.run_job(
+    2, 4, [f'--workdir={two}', f'--out={root}/two.npz', '--num_steps=2']
+  )
   shutil.copytree(two, resumed)
-  _job(
+  jobs.run_job(
     1,
     8,
     [
@@ -143,14 +74,14 @@ def test_two_processes_train_like_one_and_checkpoint_for_one(tmp_path):
   """One test, not three sharing a fixture: under pytest-xdist a module
   fixture would run the jobs again in every worker."""
   arrays = _run_jobs(tmp_path)
-  one = _metrics(tmp_path / 'one')
-  two = _metrics(tmp_path / 'two')
-  resumed = _metrics(tmp_path / 'resumed')
+  one = jobs.read_metrics(tmp_path / 'one')
+  two = jobs.read_metrics(tmp_path / 'two')
+  resumed = jobs.read_metrics(tmp_path / 'resumed')
 
   # Metrics: process 0 alone writes, one line per step, those of 1 process.
   assert [r['step'] for r in one] == [1, 2, 3]
   assert [r['step'] for r in two] == [1, 2]
-  worst = _assert_metrics_close(two, one[:2])
+  worst = jobs.assert_metrics_close(two, one[:2])
   print(f'worst metric difference, 2 processes vs 1: {worst}')
   for r2, r1 in zip(two, one):
     # The rollouts are those of one process: the same tokens, rewards.
@@ -160,27 +91,27 @@ def test_two_processes_train_like_one_and_checkpoint_for_one(tmp_path):
     assert r['reward/std'] > 0 and r['actor/grad_norm'] > 0, r
 
   # Parameters after step 2.
-  two_params = _params(arrays, 'two/final')
-  one_step2 = _params(arrays, 'one/step2')
-  diff = _max_diff(two_params, one_step2)
+  two_params = jobs.params(arrays, 'two/final')
+  one_step2 = jobs.params(arrays, 'one/step2')
+  diff = jobs.max_diff(two_params, one_step2)
   print(f'max |param diff| after 2 steps, 2 processes vs 1: {diff:.3g}')
-  assert diff <= PARAM_ATOL
+  assert diff <= jobs.PARAM_ATOL
   # The tolerance is far below what training changes.
-  moved = _max_diff(one_step2, _params(arrays, 'one/step0'))
-  assert moved > 50 * PARAM_ATOL, moved
+  moved = jobs.max_diff(one_step2, jobs.params(arrays, 'one/step0'))
+  assert moved > 50 * jobs.PARAM_ATOL, moved
 
   # Written by 2 processes x 4 devices, read by 1 process x 8: bit for bit.
-  assert _max_diff(_params(arrays, 'two/step2'), two_params) == 0
-  assert _max_diff(_params(arrays, 'resumed/step2'), two_params) == 0
+  assert jobs.max_diff(jobs.params(arrays, 'two/step2'), two_params) == 0
+  assert jobs.max_diff(jobs.params(arrays, 'resumed/step2'), two_params) == 0
   # Resumed at step 2 and trained step 3 in one process: as `one` did.
-  diff = _max_diff(
-    _params(arrays, 'resumed/final'), _params(arrays, 'one/final')
+  diff = jobs.max_diff(
+    jobs.params(arrays, 'resumed/final'), jobs.params(arrays, 'one/final')
   )
   print(f'max |param diff| after the 1-process resume: {diff:.3g}')
-  assert diff <= PARAM_ATOL
+  assert diff <= jobs.PARAM_ATOL
   assert [r['step'] for r in resumed] == [1, 2, 3]
   assert resumed[:2] == two  # kept on resume
-  worst = _assert_metrics_close(resumed[2:], one[2:])
+  worst = jobs.assert_metrics_close(resumed[2:], one[2:])
   print(f'worst metric difference after the resume: {worst}')
 
 

@@ -2,7 +2,8 @@
 
 One synthetic rollout batch (random tokens, a simulated engine mismatch in
 `rollout_logp`) goes through `Steps.prepare` + `Steps.update` under several
-layouts; losses, metrics and updated params must agree.
+layouts; losses, metrics and updated params must agree. The step's loss
+has no gradient through π_old or the rollout log-probs μ.
 """
 
 from __future__ import annotations
@@ -11,60 +12,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-from configs import arith_tiny
 from jaxcorr import sharding
-from jaxcorr.losses import rewards
-from jaxcorr.model import Transformer
-from jaxcorr.rollout.types import FinishReason, RolloutBatch
+from jaxcorr.losses import objective
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train import run_config as run_lib
-from jaxcorr.train.setup import model_config
-from jaxcorr.train.state import make_optimizer
-from jaxcorr.train.step import Steps
 from tests.helpers.model_testing import fresh_train_state
-
-B, P, T = 8, 6, 5
+from tests.helpers.step_batches import one_device_mesh, step_arrays
+from tests.helpers.tolerance import (
+  TOL_LAYOUT,
+  TOL_LAYOUT_METRICS,
+  TOL_LAYOUT_SHARDED,
+  assert_close,
+)
+from tests.helpers.trainer_config import pulse_config
 
 
 def _run(preset: str, **train):
-  c = arith_tiny.get_config('pulse+' + preset)
-  c.train.shuffle_minibatches = False
-  for k, v in train.items():
-    c.train[k] = v
-  return run_lib.build(c)
-
-
-def _rollout(seed: int = 0) -> tuple[RolloutBatch, np.ndarray]:
-  rng = np.random.default_rng(seed)
-  plen = rng.integers(2, P + 1, B)
-  rlen = rng.integers(1, T + 1, B)
-  prompt_mask = np.arange(P)[None] >= (P - plen)[:, None]
-  mask = np.arange(T)[None] < rlen[:, None]
-  logp = np.where(mask, -rng.uniform(0.1, 3.0, (B, T)), 0).astype(np.float32)
-  batch = RolloutBatch(
-    prompt_tokens=np.where(prompt_mask, rng.integers(3, 20, (B, P)), 0).astype(
-      np.int32
-    ),
-    prompt_mask=prompt_mask,
-    response_tokens=np.where(mask, rng.integers(3, 20, (B, T)), 0).astype(
-      np.int32
-    ),
-    context_mask=mask,
-    response_mask=mask,
-    rollout_logp=logp,
-    rollout_logp_truncated=logp,
-    temperature=np.ones(B, np.float32),
-    top_k=np.zeros(B, np.int32),
-    top_p=np.ones(B, np.float32),
-    min_p=np.zeros(B, np.float32),
-    policy_version=np.where(mask, 0, -1).astype(np.int32),
-    finish_reason=np.full(B, FinishReason.STOP, np.int8),
-    group_id=np.repeat(np.arange(B // 4), 4).astype(np.int32),
-    sample_id=np.tile(np.arange(4), B // 4).astype(np.int32),
+  overrides = {f'train__{k}': v for k, v in train.items()}
+  return run_lib.build(
+    pulse_config(preset, train__shuffle_minibatches=False, **overrides)
   )
-  return batch, rng.integers(0, 2, B).astype(np.float32)
 
 
 def _step(run, mesh, arrays):
@@ -79,32 +47,15 @@ def _step(run, mesh, arrays):
   return jax.device_get(state.params), metrics
 
 
-def _arrays(run, multiple):
-  rb, rew = _rollout()
-  # Pretend the engine differs from the trainer: shift μ a little.
-  return batch_lib.assemble(
-    rb,
-    rew,
-    trainer_version=0,
-    max_staleness=None,
-    logprob_mode='full',
-    row_multiple=multiple,
-  )
-
-
-def _close(a, b, rtol=2e-5, atol=2e-6):
+def _assert_same_step(a, b, params_tol=TOL_LAYOUT):
+  """Two `(params, metrics)` results of `_step`: the same parameters within
+  `params_tol`, the same metric keys and values within TOL_LAYOUT_METRICS."""
   for x, y in zip(jax.tree.leaves(a[0]), jax.tree.leaves(b[0])):
-    np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
+    assert_close(x, y, params_tol)
   keys = set(a[1]) & set(b[1])
   assert keys == set(a[1]) == set(b[1])
   for k in keys:
-    np.testing.assert_allclose(
-      a[1][k], b[1][k], rtol=1e-4, atol=1e-5, err_msg=k
-    )
-
-
-def _one_device_mesh():
-  return sharding.make_mesh(devices=jax.devices()[:1])
+    assert_close(a[1][k], b[1][k], TOL_LAYOUT_METRICS, what=k)
 
 
 @pytest.mark.parametrize(
@@ -114,18 +65,18 @@ def test_padding_rows_change_nothing(preset):
   """8 real rows vs the same rows + 8 PAD rows (docs/math/rollout_contract.md §5
   regression)."""
   run = _run(preset)
-  mesh = _one_device_mesh()
-  plain = _arrays(run, 1)
-  padded = _arrays(run, 16)
+  mesh = one_device_mesh()
+  plain = step_arrays(run, 1)
+  padded = step_arrays(run, 16)
   assert padded.tokens.shape[0] == 16
   # Padding rows carry every per-token field, rollout_logp included.
   assert all(x.shape[0] == 16 for x in jax.tree.leaves(padded))
-  assert not padded.response_mask[B:].any()
+  assert not padded.response_mask[8:].any()
   a = _step(run, mesh, plain)
   b = _step(run, mesh, padded)
   for k in ('batch/valid_rows', 'batch/valid_tokens'):
     assert a[1][k] == b[1][k]
-  _close(a, b)
+  _assert_same_step(a, b)
 
 
 @pytest.mark.parametrize(
@@ -134,8 +85,8 @@ def test_padding_rows_change_nothing(preset):
 def test_micro_batches_use_global_normalisers(preset):
   """1 micro-batch vs 4: the same update (token-mean over the mini-batch,
   not a mean of micro-batch means)."""
-  mesh = _one_device_mesh()
-  arrays = _arrays(_run(preset), 1)
+  mesh = one_device_mesh()
+  arrays = step_arrays(_run(preset), 1)
   a = _step(_run(preset), mesh, arrays)
   b = _step(_run(preset, micro_batches=4), mesh, arrays)
   # Per-call averages (clip fractions; in bypass mode the correction's
@@ -149,39 +100,74 @@ def test_micro_batches_use_global_normalisers(preset):
       )
       if per_call:
         m.pop(k)
-  _close(a, b)
+  _assert_same_step(a, b)
 
 
 def test_sharded_equals_single_device():
   run = _run('decoupled_geo_rs')
-  arrays = _arrays(run, 8)
-  a = _step(run, _one_device_mesh(), arrays)
+  arrays = step_arrays(run, 8)
+  a = _step(run, one_device_mesh(), arrays)
   b = _step(
     run, sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=4)), arrays
   )
-  _close(a, b, rtol=1e-4, atol=1e-5)
+  _assert_same_step(a, b, TOL_LAYOUT_SHARDED)
 
 
-def test_no_gradient_through_old_or_rollout_logp():
-  """Changing μ or π_old values changes the loss value only through the
-  correction's (stop-gradient) weights: the update direction comes from
-  logp alone. Checked by differentiating prepare's outputs."""
-  run = _run('decoupled_token_is')
-  mesh = _one_device_mesh()
-  arrays = _arrays(run, 1)
-  cfg = model_config(run)
-  model = Transformer(cfg, rngs=nnx.Rngs(0))
-  graphdef, params = nnx.split(model)
-  tx, schedule = make_optimizer(run.optim, 1e-3, 10)
-  steps = Steps(run, graphdef, tx, schedule)
+@pytest.mark.parametrize(
+  'preset',
+  [
+    # μ reaches the loss through the correction's weights and mask (made in
+    # prepare) and through the rollout-KL term.
+    'decoupled_token_is+rollout_kl',
+    # μ is the ratio's anchor and the rollout-KL term's reference.
+    'bypass_ppo_clip+rollout_kl',
+  ],
+)
+def test_no_gradient_through_old_or_rollout_logp(preset):
+  """π_old and μ are data: the update direction comes from logp alone.
+
+  One step's actor loss, as a function of the params prepare computes π_old
+  with, of the rollout log-probs μ it is given and of the params the update
+  differentiates, has exactly zero gradient w.r.t. the first two (and the
+  arrays prepare hands to the update carry none), while its gradient w.r.t.
+  the update's params is not zero."""
+  run = _run(preset)
+  mesh = one_device_mesh()
+  state, steps = fresh_train_state(run, mesh)
   with jax.set_mesh(mesh):
-    dev = jax.tree.map(jnp.asarray, arrays)
+    batch = batch_lib.to_device(mesh, step_arrays(run, 1))
 
-    def total_old(p):
-      _, arr, _ = steps._prepare(
-        p, None, rewards.KLControllerState(jnp.zeros(())), None, dev
+    def prepared(old_params, rollout_logp):
+      return steps._prepare(
+        old_params,
+        None,
+        state.kl_ctrl,
+        None,
+        batch.replace(rollout_logp=rollout_logp),
+      )[1]
+
+    def loss(old_params, rollout_logp, params):
+      mic = prepared(old_params, rollout_logp)
+      if run.decoupled:
+        counts = objective.loss_normalizers(mic.response_mask & mic.corr_mask)
+      else:  # bypass: unit normalisers, the step divides afterwards
+        counts = (jnp.float32(1), jnp.float32(1))
+      return steps._actor_loss(params, mic, counts, jax.random.key(0))[0]
+
+    def handed_on(old_params, rollout_logp):
+      mic = prepared(old_params, rollout_logp)
+      return jnp.sum(mic.old_logp) + jnp.sum(mic.corr_weights)
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    g_old, g_mu, g_params = grads(
+      state.params, batch.rollout_logp, state.params
+    )
+    if run.decoupled:
+      g_handed = jax.jit(jax.grad(handed_on, argnums=(0, 1)))(
+        state.params, batch.rollout_logp
       )
-      return jnp.sum(arr.old_logp) + jnp.sum(arr.corr_weights)
-
-    g = jax.grad(total_old)(params)
-  assert all(float(jnp.abs(x).max()) == 0 for x in jax.tree.leaves(g))
+  assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(g_old))
+  assert not np.any(np.asarray(g_mu))
+  assert any(np.any(np.asarray(x)) for x in jax.tree.leaves(g_params))
+  if run.decoupled:
+    assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(g_handed))

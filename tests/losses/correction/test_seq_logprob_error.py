@@ -242,25 +242,25 @@ def test_bypass_objective_runs_the_criterion_with_rewards():
 @functools.cache
 def _train_step(mode: str):
   """One `Steps.prepare` + `Steps.update` of the tiny arithmetic model with
-  the `nemo_seq_logprob_error` preset's criterion (tests/test_train_step.py's
-  batch)."""
-  from configs import arith_tiny
+  the `nemo_seq_logprob_error` preset's criterion (the trainer-step tests'
+  batch, tests/helpers/step_batches.py)."""
   from jaxcorr.train import batch as batch_lib
   from jaxcorr.train import run_config as run_lib
   from tests.helpers.model_testing import fresh_train_state
-  from tests.train.test_step import _arrays, _one_device_mesh
+  from tests.helpers.step_batches import one_device_mesh, step_arrays
+  from tests.helpers.trainer_config import pulse_config
 
-  c = arith_tiny.get_config('pulse+nemo_seq_logprob_error')
-  c.correction.mode = mode
   # The random model is far from the random engine log-probs (row errors
   # 4.2 to 20.7): 6.0 drops three rows of eight, one of them correct.
-  c.correction.rs_bounds = '6.0'
+  c = pulse_config(
+    'nemo_seq_logprob_error', correction__mode=mode, correction__rs_bounds='6.0'
+  )
   run = run_lib.build(c)
   assert (run.train.mini_batches, run.train.micro_batches) == (1, 1)
-  mesh = _one_device_mesh()
+  mesh = one_device_mesh()
   state, steps = fresh_train_state(run, mesh)
   with jax.set_mesh(mesh):
-    dev = batch_lib.to_device(mesh, _arrays(run, 1))
+    dev = batch_lib.to_device(mesh, step_arrays(run, 1))
     _, arrays, metrics = steps.prepare(
       state.params, None, state.kl_ctrl, None, dev
     )

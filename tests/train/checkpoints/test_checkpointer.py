@@ -419,8 +419,9 @@ def test_console_shows_one_line_per_unreadable_step(tmp_path, damaged):
     assert proc.returncode == 1, out
     assert out.count('Traceback') == 1, out
     last = out.splitlines()[-1]
-    assert last.startswith('jaxcorr.train.checkpoints.checkpointer'), out
-    assert 'CheckpointError: restoring checkpoint step 3' in last, out
+    err = checkpoint.CheckpointError
+    want = f'{err.__module__}.{err.__qualname__}: restoring checkpoint step 3'
+    assert last.startswith(want), out
 
 
 def test_leftovers_of_a_failed_restore_are_dropped_and_nothing_else(caplog):

@@ -10,16 +10,9 @@ import textwrap
 
 import pytest
 
-from configs import arith_tiny
 from jaxcorr.train.checkpoints import workdir as workdir_lib
 from jaxcorr.train.loop import Trainer
-
-
-def _config(**lr):
-  c = arith_tiny.get_config('pulse')
-  if lr:
-    c.optim.learning_rate = lr['lr']
-  return c
+from tests.helpers.trainer_config import pulse_config
 
 
 def _saved_run(path, config) -> str:
@@ -39,7 +32,7 @@ def test_second_process_is_refused_while_the_first_holds_the_lock(tmp_path):
       textwrap.dedent(f"""
         import sys
         from configs import arith_tiny
-        from jaxcorr.train import workdir
+        from jaxcorr.train.checkpoints import workdir
         claim = workdir.claim({str(tmp_path)!r}, arith_tiny.get_config())
         print('claimed', flush=True)
         sys.stdin.readline()
@@ -52,29 +45,29 @@ def test_second_process_is_refused_while_the_first_holds_the_lock(tmp_path):
   try:
     assert holder.stdout.readline().strip() == 'claimed'
     with pytest.raises(workdir_lib.WorkdirBusy, match=f'pid {holder.pid}'):
-      workdir_lib.claim(str(tmp_path), _config())
+      workdir_lib.claim(str(tmp_path), pulse_config())
   finally:
     holder.stdin.close()
     holder.wait(timeout=60)
   # The lock went with its holder: the directory can be claimed again.
-  workdir_lib.claim(str(tmp_path), _config()).release()
+  workdir_lib.claim(str(tmp_path), pulse_config()).release()
 
 
 def test_lock_is_released_by_release_and_taken_again(tmp_path):
-  claim = workdir_lib.claim(str(tmp_path), _config())
+  claim = workdir_lib.claim(str(tmp_path), pulse_config())
   with pytest.raises(workdir_lib.WorkdirBusy):
-    workdir_lib.claim(str(tmp_path), _config())
+    workdir_lib.claim(str(tmp_path), pulse_config())
   claim.release()
   claim.release()  # idempotent
-  workdir_lib.claim(str(tmp_path), _config()).release()
+  workdir_lib.claim(str(tmp_path), pulse_config()).release()
 
 
 def test_changed_learning_rate_is_refused_before_anything_is_written(
   tmp_path,
 ):
-  saved = _saved_run(tmp_path, _config())
+  saved = _saved_run(tmp_path, pulse_config())
   before = sorted(p.name for p in tmp_path.iterdir())
-  changed = _config(lr=2e-3)
+  changed = pulse_config(optim__learning_rate=2e-3)
   with pytest.raises(
     workdir_lib.ConfigChanged, match=r'config.optim.learning_rate: .*--allow'
   ):
@@ -86,24 +79,26 @@ def test_changed_learning_rate_is_refused_before_anything_is_written(
 
 
 def test_changed_preset_is_refused_and_resumable_fields_are_not(tmp_path):
-  _saved_run(tmp_path, _config())
-  other = arith_tiny.get_config('pulse+bypass_pg_geo_rs')
+  _saved_run(tmp_path, pulse_config())
+  other = pulse_config('bypass_pg_geo_rs')
   with pytest.raises(
     workdir_lib.ConfigChanged, match=r'config\.correction\.mode'
   ):
     workdir_lib.claim(str(tmp_path), other)
-  longer = _config()
+  longer = pulse_config()
   longer.train.num_steps = 1000
   longer.train.eval_every = 7
   workdir_lib.claim(str(tmp_path), longer).release()
 
 
 def test_config_json_is_checked_only_when_checkpoints_exist(tmp_path):
-  claim = workdir_lib.claim(str(tmp_path), _config())
+  claim = workdir_lib.claim(str(tmp_path), pulse_config())
   claim.write_config()
   claim.release()
   # No committed step: a fresh start may use any config.
-  claim = workdir_lib.claim(str(tmp_path), _config(lr=0.5))
+  claim = workdir_lib.claim(
+    str(tmp_path), pulse_config(optim__learning_rate=0.5)
+  )
   claim.write_config()
   claim.release()
   saved = json.loads((tmp_path / 'config.json').read_text())

@@ -54,7 +54,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from tests.train import test_multihost as mh
+from tests.helpers import multihost_jobs as jobs
 
 STEPS = 3
 LOGP_ATOL = 1e-5  # measured 4.8e-7 (float32 rounding of the engines)
@@ -68,8 +68,8 @@ STREAM = (
   # Scheduled streams drain at checkpoint steps; none inside these runs.
   'train.checkpoint_every=0',
 )
-# Timing-dependent besides mh.VOLATILE: queue depth, idle fractions.
-VOLATILE = (*mh.VOLATILE, 'stream/')
+# Timing-dependent besides jobs.VOLATILE: queue depth, idle fractions.
+VOLATILE = (*jobs.VOLATILE, 'stream/')
 
 
 # The scheduled stream with max_staleness=1, next to `one` in its job.
@@ -97,7 +97,7 @@ def _jobs(
     if name == 'one' and more:
       extra = [f'--workdir={root / m}' for m in more]
       extra.append(f'--compile_cache={root / "compile_cache"}')
-    mh._job(
+    jobs.run_job(
       processes,
       devices,
       [
@@ -160,22 +160,22 @@ def test_async_two_processes_agree_with_one(tmp_path):
     assert set(versions.tolist()) == {max(step - 2, 0)}  # the fixed lag
     _assert_same_rows(two[step], one[step], step)
 
-  metrics_one = mh._metrics(tmp_path / 'one')
-  metrics_two = mh._metrics(tmp_path / 'two')
+  metrics_one = jobs.read_metrics(tmp_path / 'one')
+  metrics_two = jobs.read_metrics(tmp_path / 'two')
   assert [r['step'] for r in metrics_one] == list(range(1, STEPS + 1))
-  worst = mh._assert_metrics_close(metrics_two, metrics_one)
+  worst = jobs.assert_metrics_close(metrics_two, metrics_one)
   print(f'worst metric difference, 2 processes vs 1: {worst}')
   assert max(r['rollout/staleness_max'] for r in metrics_one) == 1
   for r in metrics_one:
     assert r['reward/std'] > 0 and r['actor/grad_norm'] > 0, r
 
   one_arrays, two_arrays = _arrays(tmp_path, 'one'), _arrays(tmp_path, 'two')
-  final_one = mh._params(one_arrays, 'one/final')
-  diff = mh._max_diff(mh._params(two_arrays, 'two/final'), final_one)
+  final_one = jobs.params(one_arrays, 'one/final')
+  diff = jobs.max_diff(jobs.params(two_arrays, 'two/final'), final_one)
   print(f'max |param diff| after {STEPS} steps, 2 processes vs 1: {diff:.3g}')
-  assert diff <= mh.PARAM_ATOL
-  moved = mh._max_diff(final_one, mh._params(one_arrays, 'one/step0'))
-  assert moved > 50 * mh.PARAM_ATOL, moved
+  assert diff <= jobs.PARAM_ATOL
+  moved = jobs.max_diff(final_one, jobs.params(one_arrays, 'one/step0'))
+  assert moved > 50 * jobs.PARAM_ATOL, moved
 
   # The scheduled stream with max_staleness=1 never swaps in flight (draw
   # e + 1 waits for version e): it is the fixed lag, bit for bit.
@@ -183,13 +183,14 @@ def test_async_two_processes_agree_with_one(tmp_path):
   for step in range(1, STEPS + 1):
     for field, x in one[step].items():
       np.testing.assert_array_equal(stream[step][field], x, err_msg=field)
-  stream_metrics = _stable(mh._metrics(tmp_path / 'stream1'))
+  stream_metrics = _stable(jobs.read_metrics(tmp_path / 'stream1'))
   assert stream_metrics == _stable(metrics_one)
   assert all(
-    r['stream/swaps_in_flight'] == 0 for r in mh._metrics(tmp_path / 'stream1')
+    r['stream/swaps_in_flight'] == 0
+    for r in jobs.read_metrics(tmp_path / 'stream1')
   )
-  final_stream = mh._params(one_arrays, 'stream1/final')
-  assert mh._max_diff(final_stream, final_one) == 0
+  final_stream = jobs.params(one_arrays, 'stream1/final')
+  assert jobs.max_diff(final_stream, final_one) == 0
 
 
 def _common_prefix(a: dict, b: dict) -> np.ndarray:
@@ -207,8 +208,8 @@ def _common_prefix(a: dict, b: dict) -> np.ndarray:
 def test_stream_two_processes_agree_until_versions_differ(tmp_path):
   _jobs(tmp_path, STREAM)
   two, one = _rows(tmp_path, 'two', 2), _rows(tmp_path, 'one', 1)
-  metrics_one = mh._metrics(tmp_path / 'one')
-  metrics_two = mh._metrics(tmp_path / 'two')
+  metrics_one = jobs.read_metrics(tmp_path / 'one')
+  metrics_two = jobs.read_metrics(tmp_path / 'two')
   # The comparison is not vacuous: 1 process swaps weights in flight.
   assert max(r['rollout/mixed_version_fraction'] for r in metrics_one) > 0
   assert max(r['stream/swaps_in_flight'] for r in metrics_one) >= 1
@@ -248,4 +249,4 @@ def test_stream_two_processes_agree_until_versions_differ(tmp_path):
 
   # Steps 1-2 trained on the same batches: their metrics agree (no
   # checkpoint inside the run: a scheduled stream drains at checkpoints).
-  mh._assert_metrics_close(_stable(metrics_two[:2]), _stable(metrics_one[:2]))
+  jobs.assert_metrics_close(_stable(metrics_two[:2]), _stable(metrics_one[:2]))

@@ -15,8 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import arith_tiny
-from jaxcorr import sharding
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective
 from jaxcorr.rollout import ValidationConfig, validate_rollout_batch
@@ -29,6 +27,8 @@ from jaxcorr.train.rollouts.stage import Scored
 from jaxcorr.train.tracker import reduction
 from jaxcorr.train.tracker.reduction import Metric
 from tests.helpers.model_testing import fresh_train_state
+from tests.helpers.step_batches import one_device_mesh
+from tests.helpers.trainer_config import pulse_config
 
 STOP, ABORT, PAD = FinishReason.STOP, FinishReason.ABORT, FinishReason.PAD
 
@@ -305,14 +305,16 @@ def test_weighted_mean_reduces_in_jit():
 def _rl_step(
   preset: str, batch: RolloutBatch, tv: int, policy: str, micro_batches=1
 ):
-  c = arith_tiny.get_config('pulse+' + preset)
-  c.train.micro_batches = micro_batches
-  c.rollout.mode = 'stream'
-  c.rollout.max_staleness = MAX_STALE
-  c.rollout.staleness_policy = policy
-  c.rollout.samples_per_prompt = 4
+  c = pulse_config(
+    preset,
+    train__micro_batches=micro_batches,
+    rollout__mode='stream',
+    rollout__max_staleness=MAX_STALE,
+    rollout__staleness_policy=policy,
+    rollout__samples_per_prompt=4,
+  )
   run = run_lib.build(c)
-  mesh = sharding.make_mesh(devices=jax.devices()[:1])
+  mesh = one_device_mesh()
   state, steps = fresh_train_state(run, mesh)
   rl = RLStep(run, steps, mesh, vocab_size=run.model.vocab_size, batch_shards=1)
   reward = np.random.default_rng(0).integers(0, 2, batch.batch_size)
@@ -459,7 +461,7 @@ def test_assemble_never_fills_missing_logp_with_zeros(mode, field):
 def test_version_gap_outside_bypass_mode_is_an_error():
   """The decoupled correction runs once in prepare: a gap given to the
   per-micro-batch objective would be silently unused."""
-  c = arith_tiny.get_config('pulse+decoupled_token_is')
+  c = pulse_config('decoupled_token_is')
   run = run_lib.build(c)
   x = jnp.zeros((2, 3))
   with pytest.raises(ValueError, match='version_gap is for the bypass'):

@@ -10,34 +10,29 @@ import json
 import numpy as np
 import pytest
 
-from configs import arith_tiny
-from jaxcorr import rewards as reward_fns
 from jaxcorr.train.loop import Trainer
-from tests.train.rollouts.test_stream_resume import assert_bounded_and_mixed
+from tests.helpers.stream_metrics import assert_bounded_and_mixed
+from tests.helpers.trainer_config import pulse_config
 
-LENGTH_REWARD = 'test_response_length'
-if LENGTH_REWARD not in reward_fns.REWARDS:
-  # An untrained pulse model never solves a problem: without a reward that
-  # differs within a group the updates are zero and every version holds the
-  # same weights, so a wrong version could not show.
-  reward_fns.register(LENGTH_REWARD)(lambda response, answer: len(response))
+# Rows span several decode chunks, hence in-flight swaps; no checkpoint
+# inside the run (scheduled streams drain at checkpoint steps).
+STREAM = dict(
+  rollout__mode='stream',
+  rollout__max_staleness=2,
+  rollout__queue_size=2,
+  rollout__decode_chunk=2,
+  train__num_steps=4,
+  train__eval_every=0,
+  train__checkpoint_every=0,
+)
 
 
 def _config(**overrides):
-  c = arith_tiny.get_config('pulse+decoupled_token_is')
-  c.rollout.mode = 'stream'
-  c.rollout.max_staleness = 2
-  c.rollout.queue_size = 2
-  c.rollout.decode_chunk = 2  # rows span several chunks, hence swaps
-  c.reward.functions = f'exact_match,{LENGTH_REWARD}:0.1'
-  c.train.num_steps = 4
-  c.train.eval_every = 0
-  # Scheduled streams drain at checkpoint steps; none inside this run.
-  c.train.checkpoint_every = 0
-  for path, value in overrides.items():
-    section, field = path.split('__')
-    c[section][field] = value
-  return c
+  """The streaming pulse config. The length reward moves the weights at
+  every step, so a row sampled by a wrong version would show."""
+  return pulse_config(
+    'decoupled_token_is', length_reward=True, **{**STREAM, **overrides}
+  )
 
 
 def _run(config, workdir):

@@ -27,7 +27,8 @@ import pathlib
 
 import numpy as np
 
-from tests.train import test_multihost as mh
+from tests.helpers import multihost_jobs as jobs
+from tests.helpers.stream_metrics import assert_bounded_and_mixed
 
 CHECKPOINT = 3
 STEPS = 6
@@ -58,7 +59,7 @@ def _run_jobs(root: pathlib.Path) -> None:
     ),
     ('b', ('part', 'cut'), []),
   ):
-    mh._job(
+    jobs.run_job(
       1,
       8,
       [
@@ -95,21 +96,6 @@ def _metrics(workdir: pathlib.Path, volatile: bool = False) -> list[dict]:
   ]
 
 
-def assert_bounded_and_mixed(rows: list[dict]) -> None:
-  """What tests/test_train_stream.py::test_scheduled_stream_is_bounded_and_
-  mixed (slow) asserts of its run, here of the uninterrupted one."""
-  for r in rows:
-    assert r['rollout/staleness_max'] <= 2
-    assert r['rollout/stale_dropped_fraction'] == 0
-    assert 0 <= r['stream/engine_idle_fraction'] <= 1
-    assert 0 <= r['stream/trainer_idle_fraction'] <= 1
-  # Every update moves the weights, so the versions differ.
-  assert min(r['actor/grad_norm'] for r in rows) > 0
-  # In flight: some batch holds rows sampled by two versions.
-  assert max(r['rollout/mixed_version_fraction'] for r in rows) > 0
-  assert max(r['stream/swaps_in_flight'] for r in rows) >= 1
-
-
 def _assert_same(a: dict, b: dict, what) -> None:
   assert a and a.keys() == b.keys(), (what, a.keys() ^ b.keys())
   for k in b:
@@ -133,9 +119,9 @@ def test_stream_resume_from_a_checkpoint_is_exact(tmp_path):
     live = np.where(full['response_mask'], v, np.iinfo(np.int32).max)
     mixed += int((v.max(1) != live.min(1)).sum())
   assert mixed > 0  # in-flight swaps happened inside the intervals
-  final = mh._params(params, 'full/final')
+  final = jobs.params(params, 'full/final')
   for run in ('part', 'cut'):
-    _assert_same(mh._params(params, f'{run}/final'), final, run)
+    _assert_same(jobs.params(params, f'{run}/final'), final, run)
     assert _metrics(tmp_path / run) == full_metrics
   # The versions are different weights: each step moves them.
-  assert mh._max_diff(final, mh._params(params, 'full/step0')) > 1e-5
+  assert jobs.max_diff(final, jobs.params(params, 'full/step0')) > 1e-5
