@@ -161,7 +161,7 @@ def test_init_sharded_places_every_param():
 
 def test_sharded_forward_and_gradients_equal_single_device():
   """fsdp=2 x tensor=4: logits, log-probs and every gradient as on one
-  device. (Scanned layers under a mesh: tests/test_hf_io.py.)"""
+  device. (Scanned layers under a mesh: tests/model/test_hf_io.py.)"""
   model = random_model(tiny_config())
   tokens = random_tokens(4, 16)
   weights = jax.random.normal(jax.random.key(0), (4, 15))

@@ -380,7 +380,7 @@ def test_numbered_section_references_resolve():
   bad = []
   for doc, text in _text().items():
     # docs/math/ pages number their headings with the section sign and are
-    # checked by tests/test_doc_references.py; the user guides use 'N.'.
+    # checked by tests/docs/test_doc_references.py; the user guides use 'N.'.
     for prefix, target, number in re.findall(_GUIDE_REF, text):
       path = ROOT / 'docs' / f'{target}.md'
       if 'math/' in prefix or not path.exists():

@@ -55,7 +55,7 @@ def test_quickstart(small_env):
 
 
 # Slow (4 small runs and a warm-up): the default run executes a notebook
-# end to end with test_quickstart, and tests/test_lab.py checks the lab's
+# end to end with test_quickstart, and tests/lab/test_lab.py checks the lab's
 # plan, tables and results files this notebook calls.
 @pytest.mark.slow
 @pytest.mark.notebook

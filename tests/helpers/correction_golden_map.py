@@ -1,6 +1,7 @@
 """Maps the reference frameworks' correction calls onto jaxcorr's.
 
-Used by `test_correction_golden.py` and `test_correction_divergences.py`.
+Used by tests/helpers/correction_replay.py (the framework replays under
+tests/conformance/) and tests/conformance/divergences/test_correction.py.
 Each `*_call` function turns one golden case into `Call(train, rollout, mask,
 cfg_kwargs)`; building `CorrectionConfig(**cfg_kwargs)` is left to the test, so
 that an invalid reference configuration raises inside jaxcorr's own

@@ -1,6 +1,6 @@
-"""One process of a CPU trainer job, for tests/test_multihost_train.py.
+"""One process of a CPU trainer job, for tests/train/test_multihost.py.
 
-    python tests/multihost_driver.py --devices=4 --processes=2 \\
+    python tests/helpers/multihost_driver.py --devices=4 --processes=2 \\
       --process_id=0 --port=12345 --workdir=/tmp/two --out=/tmp/two.npz \\
       --preset=decoupled_token_is --num_steps=2
 

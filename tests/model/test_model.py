@@ -1,6 +1,6 @@
 """The Transformer without any reference framework: config, RoPE scaling,
 packing, chunked log-probs, KV-cache decoding, remat / scan-over-layers and
-compute dtypes. (Parity with transformers: tests/test_hf_parity.py.)"""
+compute dtypes. (Parity with transformers: tests/model/test_hf_parity.py.)"""
 
 from __future__ import annotations
 

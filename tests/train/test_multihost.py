@@ -1,7 +1,7 @@
 """The trainer in two processes (4 CPU devices each, gloo collectives) trains
 like one process with 8 devices, and its checkpoints restore in one process.
 
-Three jobs of `tests/multihost_driver.py` on
+Three jobs of `tests/helpers/multihost_driver.py` on
 `configs/arith_tiny.py:pulse+decoupled_token_is` (no SFT, no evaluation):
 
 * `two`: 2 processes x 4 devices, RL steps 1-2 (checkpoints 0 and 2);

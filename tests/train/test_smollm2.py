@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct through the trainer: RL steps, export, transformers.
 
 Slow (minutes of CPU: a 135M model's rollouts, updates and a checkpoint
-with AdamW state); `tests/test_smollm2.py` holds the fast checks.
+with AdamW state); `tests/model/test_smollm2.py` holds the fast checks.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The async rollout modes in two processes (4 CPU devices each, gloo
 collectives) against one process with 8 devices, same global batch.
 
-Jobs of `tests/multihost_driver.py` on `configs/arith_tiny.py:pulse+
+Jobs of `tests/helpers/multihost_driver.py` on `configs/arith_tiny.py:pulse+
 decoupled_token_is` (no SFT, no evaluation), 3 RL steps, each process
 recording the rows it trained on (`--rollouts`):
 
@@ -10,7 +10,7 @@ recording the rows it trained on (`--rollouts`):
   2-process run samples the 1-process rows (prompts, tokens, per-token
   versions, rewards equal; rollout log-probs within 4.8e-7), logs its
   metrics and ends with its parameters, within the tolerances of
-  tests/test_multihost_train.py (measured: parameters within 1.0e-6 after
+  tests/train/test_multihost.py (measured: parameters within 1.0e-6 after
   3 steps, while they move by 4.5e-4). Step 3 trains on rows sampled by
   version 1, i.e. by the weights the 2-process trainer published.
 * `rollout.mode='stream'`, weight_sync='scheduled', max_staleness=2,
@@ -43,8 +43,8 @@ recording the rows it trained on (`--rollouts`):
 
 Both are `slow` (a 2-process job and a 1-process job each): the default
 run keeps 2 processes vs 1 in the synchronous mode
-(tests/test_multihost_train.py) and the async fixed lag in one process
-(tests/test_train_loop.py::test_pulse_async_bounded_staleness).
+(tests/train/test_multihost.py) and the async fixed lag in one process
+(tests/train/test_loop.py::test_pulse_async_bounded_staleness).
 """
 
 from __future__ import annotations

@@ -43,12 +43,12 @@ def _run(config, workdir):
   return trainer, [r for r in rows if r['step'] > 0]
 
 
-# Slow: tests/test_stream_resume.py asserts the same of its uninterrupted
+# Slow: tests/train/rollouts/test_stream_resume.py asserts the same of its uninterrupted
 # scheduled stream (same stream settings, 6 steps), with reproducibility.
 @pytest.mark.slow
 def test_scheduled_stream_is_bounded_and_mixed(tmp_path):
   """Reproducibility (two runs equal bit for bit) is asserted with the
-  resume in tests/test_stream_resume.py."""
+  resume in tests/train/rollouts/test_stream_resume.py."""
   config = _config(rollout__weight_sync='scheduled')
   _, rows = _run(config, tmp_path / 'a')
   assert len(rows) == 4
@@ -57,7 +57,7 @@ def test_scheduled_stream_is_bounded_and_mixed(tmp_path):
 
 def test_latest_stream_with_recomputed_caches_trains(tmp_path):
   # 'keep' is the scheduled test's default; the KV choice itself is checked
-  # token by token in tests/test_inflight_swap.py.
+  # token by token in tests/rollout/test_inflight_swap.py.
   _, rows = _run(_config(rollout__kv_on_update='recompute'), tmp_path)
   assert len(rows) == 4
   for r in rows:

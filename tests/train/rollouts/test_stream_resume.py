@@ -1,7 +1,7 @@
 """Resuming `rollout.mode='stream'` with weight_sync='scheduled' is exact
 from a periodic checkpoint (jaxcorr/train/rollouts/stream.py, "Resume").
 
-Runs of `tests/multihost_driver.py` (1 process, 8 CPU devices; the pulse
+Runs of `tests/helpers/multihost_driver.py` (1 process, 8 CPU devices; the pulse
 config with its scattering reward, so every update moves the weights) in
 the streaming mode (max_staleness=2, queue_size=2, decode_chunk=2: rows in
 flight across weight swaps), checkpoint_every=3, each recording the rows it
