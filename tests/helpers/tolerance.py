@@ -36,6 +36,10 @@ TOL_GOLDEN_FROM_LOGITS = Tol(rtol=2e-6, atol=1e-6)
 """A statistic a reference computes from the logits in float32 (slime's
 entropy: a log-softmax, then a sum over the vocabulary)."""
 
+TOL_GOLDEN_EXP = Tol(rtol=2e-6, atol=1e-6)
+"""A reference's exponential of a float32 log-ratio (an IS weight): exp
+turns the log-ratio's absolute rounding into relative error."""
+
 TOL_REORDERED = Tol(rtol=1e-6, atol=1e-7)
 """The same float32 loss with its sums in another order: micro-batches with
 global counts against the full batch, jit against eager, sharded against
@@ -49,9 +53,10 @@ TOL_REORDERED_METRICS = Tol(rtol=1e-5, atol=1e-6)
 """The metrics of such a reordered call, std / χ²-type ones among them."""
 
 TOL_EQUIVALENT = Tol(rtol=1e-6, atol=0.0)
-"""Two routes to one float32 expression (a bypass loss and its decoupled
-twin when old = rollout; jit against eager of one function): relative
-rounding only, no absolute slack."""
+"""Agreement to float32 relative rounding with no absolute slack: two routes
+to one expression (a bypass loss and its decoupled twin when old = rollout;
+jit against eager), or a golden value held to that (a clip fraction, a loss
+far from 0)."""
 
 TOL_EQUIVALENT_GRAD = Tol(rtol=1e-6, atol=1e-9)
 """The gradients of two such routes (zeros need a hair of absolute slack)."""

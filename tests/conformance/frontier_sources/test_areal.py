@@ -37,9 +37,9 @@ import pytest
 from jaxcorr.losses import correction, correction_reject, policy
 from jaxcorr.losses.correction_config import CorrectionConfig
 from tests.helpers import golden_data as gd
+from tests.helpers.tolerance import TOL_GOLDEN_EXP, assert_close
 
 FW = 'frontier/areal'
-RTOL = ATOL = 1e-6
 NO_LOWER = 1e-30
 NO_UPPER = 1e30
 
@@ -136,9 +136,7 @@ def test_rejection(case):
   if cu is not None:
     got_mask, got_w = repack(keep, cu), repack(w, cu)
   np.testing.assert_array_equal(got_mask, want['loss_mask'].astype(bool))
-  np.testing.assert_allclose(
-    got_w, want['behave_imp_weight'], rtol=2e-6, atol=ATOL
-  )
+  assert_close(got_w, want['behave_imp_weight'], TOL_GOLDEN_EXP)
   np.testing.assert_allclose(
     _metric_filtered(rs_cfg, keep, w, mask), want['filtered_fraction'],
     rtol=1e-6,
@@ -248,11 +246,11 @@ def test_ppo_loss_with_rejection(case):
     jnp.asarray(arrs['logprobs'])
   )
   want = gs.outputs(case)
-  np.testing.assert_allclose(loss, want['loss'], rtol=RTOL, atol=ATOL)
+  assert_close(loss, want['loss'])
   grad = np.asarray(grad)
   if cu is not None:
     grad = repack(grad, cu)
-  np.testing.assert_allclose(grad, want['grad_logprobs'], rtol=RTOL, atol=ATOL)
+  assert_close(grad, want['grad_logprobs'])
   if rs_cfg is not None:
     got = repack(keep, cu) if cu is not None else keep
     np.testing.assert_array_equal(got, want['stat_behave_mask'].astype(bool))

@@ -23,10 +23,10 @@ import pytest
 from jaxcorr.losses import correction, policy, policy_stale
 from jaxcorr.losses.correction_config import CorrectionConfig
 from tests.helpers import golden_data as gd
+from tests.helpers.tolerance import TOL_EQUIVALENT, assert_close
 
 SKY = 'frontier/skyrl_frontier'
 PR = 'frontier/verl_pr'
-RTOL = ATOL = 1e-6
 
 
 def _run(
@@ -49,10 +49,6 @@ def _run(
 
   logp = jnp.asarray(kw.get('log_probs', kw.get('log_prob')))
   return jax.value_and_grad(fn, has_aux=True)(logp)
-
-
-def _close_sum(got, want, terms):
-  np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * max(1, terms))
 
 
 # ==================================================================== SkyRL
@@ -149,10 +145,8 @@ def test_skyrl_frontier(case):
   )
   out = gs.outputs(case)
   abs_terms = float(np.sum(np.abs(out['grad_log_probs'])))
-  _close_sum(loss, out['loss'], abs_terms)
-  np.testing.assert_allclose(
-    np.asarray(grad)[mask], out['grad_log_probs'][mask], rtol=RTOL, atol=ATOL
-  )
+  assert_close(loss, out['loss'], scale=abs_terms)
+  assert_close(np.asarray(grad)[mask], out['grad_log_probs'][mask])
   ref = out['metrics']
   if not np.array_equal(mask, kw['loss_mask'].astype(bool)):
     # D5: SkyRL's metrics still count over the pre-correction loss_mask;
@@ -298,10 +292,8 @@ def test_topr(case):
     topr_negative_ratio_upper=pl['topr_negative_ratio_upper'],
   )  # fmt: skip
   out = gs.outputs(case)
-  np.testing.assert_allclose(loss, out['pg_loss'], rtol=RTOL, atol=ATOL)
-  np.testing.assert_allclose(
-    np.asarray(grad)[mask], out['grad_log_prob'][mask], rtol=RTOL, atol=ATOL
-  )
+  assert_close(loss, out['pg_loss'])
+  assert_close(np.asarray(grad)[mask], out['grad_log_prob'][mask])
   for key, want in gs.metrics(case).items():
     np.testing.assert_allclose(met[key], want, rtol=1e-5, atol=1e-7)
 
@@ -314,7 +306,7 @@ def test_d22_topr_honours_an_explicit_agg():
   args = dict(old=jnp.asarray(kw['old_log_prob']))
   (tm, _), _ = _run('topr', kw, mask, agg='token_mean', **args)
   (sm, _), _ = _run('topr', kw, mask, agg=None, **args)
-  np.testing.assert_allclose(sm, gs.outputs(case)['pg_loss'], rtol=RTOL)
+  assert_close(sm, gs.outputs(case)['pg_loss'], TOL_EQUIVALENT)
   assert abs(float(tm) - float(sm)) > 1e-3
 
 
