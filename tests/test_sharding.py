@@ -12,7 +12,10 @@ import pytest
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
-from model_testing import (
+
+from jaxcorr import sharding as sh
+from jaxcorr.model import Transformer, token_logprobs
+from tests.helpers.model_testing import (
   opt_state_shardings,
   random_model,
   random_tokens,
@@ -20,9 +23,6 @@ from model_testing import (
   stack_layers,
   tiny_config,
 )
-
-from jaxcorr import sharding as sh
-from jaxcorr.model import Transformer, token_logprobs
 
 # -------------------------------------------------------------------- mesh
 
@@ -161,7 +161,7 @@ def test_init_sharded_places_every_param():
 
 def test_sharded_forward_and_gradients_equal_single_device():
   """fsdp=2 x tensor=4: logits, log-probs and every gradient as on one
-  device. (Scanned layers under a mesh: tests/test_hf_io.py.)"""
+  device. (Scanned layers under a mesh: tests/model/test_hf_io.py.)"""
   model = random_model(tiny_config())
   tokens = random_tokens(4, 16)
   weights = jax.random.normal(jax.random.key(0), (4, 15))

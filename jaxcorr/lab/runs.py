@@ -37,7 +37,7 @@ PRESETS = (
   'decoupled_token_is+rollout_kl',
 )
 """The presets the full grid compares. `OFF` is left out: with one update
-per batch it trains exactly like `disabled` (tests/test_lab.py checks), it
+per batch it trains exactly like `disabled` (tests/lab/test_lab.py checks), it
 only logs no diagnostics."""
 
 SMALL_PRESETS = ('disabled', 'decoupled_token_is')

@@ -306,7 +306,7 @@ def write_cache(cache: jax.Array, new: jax.Array, index: jax.Array):
   """cache [B, K, T, Dh] with `new` [B, K, S, Dh] written at slots [index,
   index + S): one dynamic-update-slice for a scalar index, a per-row
   scatter for index [B]. Both update the buffer in place when it is
-  donated or carried by a loop (tests/test_rollout_cache.py checks the
+  donated or carried by a loop (tests/rollout/test_cache.py checks the
   compiled decode loop for cache copies)."""
   new = new.astype(cache.dtype)
   if jnp.ndim(index) == 0:

@@ -1,0 +1,114 @@
+"""Workdir claims: a second trainer is refused (two processes), a changed
+config is refused before anything is written, config.json is atomic."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from jaxcorr.train.checkpoints import workdir as workdir_lib
+from jaxcorr.train.loop import Trainer
+from tests.helpers.trainer_config import pulse_config
+
+
+def _saved_run(path, config) -> str:
+  """A workdir as a finished run leaves it: config.json + a step dir."""
+  claim = workdir_lib.claim(str(path), config)
+  claim.write_config()
+  claim.release()
+  (path / 'checkpoints' / '10').mkdir(parents=True)
+  return (path / 'config.json').read_text()
+
+
+def test_second_process_is_refused_while_the_first_holds_the_lock(tmp_path):
+  holder = subprocess.Popen(
+    [
+      sys.executable,
+      '-c',
+      textwrap.dedent(f"""
+        import sys
+        from configs import arith_tiny
+        from jaxcorr.train.checkpoints import workdir
+        claim = workdir.claim({str(tmp_path)!r}, arith_tiny.get_config())
+        print('claimed', flush=True)
+        sys.stdin.readline()
+      """),
+    ],
+    stdin=subprocess.PIPE,
+    stdout=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    assert holder.stdout.readline().strip() == 'claimed'
+    with pytest.raises(workdir_lib.WorkdirBusy, match=f'pid {holder.pid}'):
+      workdir_lib.claim(str(tmp_path), pulse_config())
+  finally:
+    holder.stdin.close()
+    holder.wait(timeout=60)
+  # The lock went with its holder: the directory can be claimed again.
+  workdir_lib.claim(str(tmp_path), pulse_config()).release()
+
+
+def test_lock_is_released_by_release_and_taken_again(tmp_path):
+  claim = workdir_lib.claim(str(tmp_path), pulse_config())
+  with pytest.raises(workdir_lib.WorkdirBusy):
+    workdir_lib.claim(str(tmp_path), pulse_config())
+  claim.release()
+  claim.release()  # idempotent
+  workdir_lib.claim(str(tmp_path), pulse_config()).release()
+
+
+def test_changed_learning_rate_is_refused_before_anything_is_written(
+  tmp_path,
+):
+  saved = _saved_run(tmp_path, pulse_config())
+  before = sorted(p.name for p in tmp_path.iterdir())
+  changed = pulse_config(optim__learning_rate=2e-3)
+  with pytest.raises(
+    workdir_lib.ConfigChanged, match=r'config.optim.learning_rate: .*--allow'
+  ):
+    Trainer.from_config(changed, str(tmp_path))
+  assert (tmp_path / 'config.json').read_text() == saved
+  assert sorted(p.name for p in tmp_path.iterdir()) == before
+  # The refusal released the lock, and the flag lets it continue.
+  workdir_lib.claim(str(tmp_path), changed, allow_change=True).release()
+
+
+def test_changed_preset_is_refused_and_resumable_fields_are_not(tmp_path):
+  _saved_run(tmp_path, pulse_config())
+  other = pulse_config('bypass_pg_geo_rs')
+  with pytest.raises(
+    workdir_lib.ConfigChanged, match=r'config\.correction\.mode'
+  ):
+    workdir_lib.claim(str(tmp_path), other)
+  longer = pulse_config()
+  longer.train.num_steps = 1000
+  longer.train.eval_every = 7
+  workdir_lib.claim(str(tmp_path), longer).release()
+
+
+def test_config_json_is_checked_only_when_checkpoints_exist(tmp_path):
+  claim = workdir_lib.claim(str(tmp_path), pulse_config())
+  claim.write_config()
+  claim.release()
+  # No committed step: a fresh start may use any config.
+  claim = workdir_lib.claim(
+    str(tmp_path), pulse_config(optim__learning_rate=0.5)
+  )
+  claim.write_config()
+  claim.release()
+  saved = json.loads((tmp_path / 'config.json').read_text())
+  assert saved['optim']['learning_rate'] == 0.5
+  assert not (tmp_path / 'config.json.tmp').exists()
+
+
+def test_config_changes_lists_added_and_removed_fields():
+  changes = workdir_lib.config_changes(
+    {'a': {'x': 1, 'y': 2}, 'train': {'num_steps': 5}},
+    {'a': {'x': 1, 'z': 3}, 'train': {'num_steps': 9}},
+  )
+  assert changes == [('a.y', 2, '(absent)'), ('a.z', '(absent)', 3)]
