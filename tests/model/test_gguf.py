@@ -175,3 +175,90 @@ def test_gguf_of_another_architecture_is_refused(tmp_path):
   w.close()
   with pytest.raises(UnsupportedModelError, match="supported: 'llama'"):
     GGUFFile(path)
+
+
+def _write_tiny_llama_gguf(path: str) -> int:
+  """A complete one-layer llama GGUF with a byte-level vocabulary of 300
+  tokens (so its header alone is longer than 1000 bytes); its size."""
+  gguf = pytest.importorskip('gguf')
+  hidden, heads, ffn, vocab = 16, 2, 32, 300
+  rng = np.random.default_rng(0)
+  w = gguf.GGUFWriter(path, 'llama')
+  w.add_block_count(1)
+  w.add_embedding_length(hidden)
+  w.add_feed_forward_length(ffn)
+  w.add_head_count(heads)
+  w.add_layer_norm_rms_eps(1e-5)
+  w.add_tokenizer_model('gpt2')
+  w.add_token_list(
+    ['t', 'o', 'k', 'to', 'tok'] + [f'tok{i}' for i in range(vocab - 5)]
+  )
+  w.add_token_merges(['t o', 'to k'])
+  w.add_eos_token_id(0)
+  w.add_chat_template('{{ messages[0]["content"] }}')
+  shapes = {
+    'token_embd.weight': (vocab, hidden),
+    'output_norm.weight': (hidden,),
+    'blk.0.attn_norm.weight': (hidden,),
+    'blk.0.attn_q.weight': (hidden, hidden),
+    'blk.0.attn_k.weight': (hidden, hidden),
+    'blk.0.attn_v.weight': (hidden, hidden),
+    'blk.0.attn_output.weight': (hidden, hidden),
+    'blk.0.ffn_norm.weight': (hidden,),
+    'blk.0.ffn_gate.weight': (ffn, hidden),
+    'blk.0.ffn_up.weight': (ffn, hidden),
+    'blk.0.ffn_down.weight': (hidden, ffn),
+  }
+  for name, shape in shapes.items():
+    w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  with open(path, 'rb') as f:
+    return len(f.read())
+
+
+@pytest.mark.parametrize('cut', ['to_1000_bytes', 'to_half', 'last_1000'])
+def test_truncated_gguf_is_one_clear_error(tmp_path, cut):
+  """A GGUF cut short names the file, where it ends and the bytes missing,
+  in the library and as one line from `python -m jaxcorr.convert`; the
+  complete file converts."""
+  import os
+  import subprocess
+  import sys
+
+  from jaxcorr.model.gguf import TruncatedGGUFError, convert_gguf
+
+  whole = str(tmp_path / 'whole.gguf')
+  size = _write_tiny_llama_gguf(whole)
+  config = convert_gguf(whole, str(tmp_path / 'whole_hf'))
+  assert config['num_hidden_layers'] == 1
+  keep = {'to_1000_bytes': 1000, 'to_half': size // 2, 'last_1000': size - 1000}
+  path = str(tmp_path / f'{cut}.gguf')
+  with open(whole, 'rb') as f, open(path, 'wb') as g:
+    g.write(f.read()[: keep[cut]])
+  with pytest.raises(TruncatedGGUFError) as err:
+    convert_gguf(path, str(tmp_path / 'out'))
+  msg = str(err.value)
+  assert msg.startswith(f'{path}: truncated GGUF file'), msg
+  assert f'ends at byte {keep[cut]}' in msg, msg
+  if cut == 'to_1000_bytes':  # inside the vocabulary
+    assert "header (metadata 'tokenizer.ggml.tokens')" in msg, msg
+  else:
+    assert "tensor 'blk.0." in msg or "tensor 'token_embd" in msg, msg
+    assert f'{size - keep[cut]} bytes missing' in msg, msg
+  assert not os.path.exists(tmp_path / 'out')
+
+  root = str(pathlib.Path(__file__).resolve().parents[2])
+  proc = subprocess.run(
+    [sys.executable, '-m', 'jaxcorr.convert', f'--gguf={path}', '--out=x'],
+    cwd=tmp_path,
+    env={**os.environ, 'PYTHONPATH': root},
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert proc.returncode == 1, proc.stderr
+  assert proc.stdout == '', proc.stdout
+  assert proc.stderr.strip().splitlines() == [f'convert: {msg}'], proc.stderr
