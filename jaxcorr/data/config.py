@@ -21,19 +21,21 @@ from jaxcorr.config.fields import (
   validate,
 )
 
-SOURCES = ('arithmetic', 'jsonl', 'parquet')
+SOURCES = ('arithmetic', 'jsonl', 'parquet', 'reasoning_gym')
 ANSWER_FORMATS = ('gsm8k', 'raw')
 _POS, _NAT = integer(1), integer(0)
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-  """Prompts: the embedded arithmetic task or a local JSONL/Parquet file."""
+  """Prompts: the embedded arithmetic task, a local JSONL/Parquet file or
+  a reasoning-gym task (`jaxcorr.data.reasoning_gym`)."""
 
   source: str = setting(
     'arithmetic',
     one_of(*SOURCES),
-    "'arithmetic' (generated, no files), 'jsonl' or 'parquet'.",
+    "'arithmetic' (generated, no files), 'jsonl', 'parquet' or "
+    "'reasoning_gym' (generated; pip install jaxcorr[reasoning_gym]).",
   )
   path: str = setting('', text, 'jsonl/parquet: the training file.')
   eval_path: str = setting(
@@ -61,19 +63,40 @@ class DataConfig:
     boolean,
     'Shuffle every epoch (deterministic from train.seed and the epoch).',
   )
-  num_examples: int = setting(100_000, _POS, 'arithmetic: training examples.')
-  seed: int = setting(0, _NAT, 'arithmetic: seed of the training examples.')
+  num_examples: int = setting(
+    100_000, _POS, 'arithmetic, reasoning_gym: training examples.'
+  )
+  seed: int = setting(
+    0, _NAT, 'arithmetic, reasoning_gym: seed of the training examples.'
+  )
   max_operand: int = setting(99, _POS, 'arithmetic: largest operand.')
   ops: str = setting(
     '+', text, "arithmetic: the operators, a non-empty string of '+-*'."
   )
   eval_examples: int = setting(
-    256, _NAT, 'arithmetic: held-out evaluation examples (seed + 1).'
+    256,
+    _NAT,
+    'arithmetic: held-out evaluation examples (seed + 1); reasoning_gym: '
+    'the same, drawn with seed + num_examples.',
+  )
+  task: str = setting(
+    '',
+    text,
+    "reasoning_gym: a task name ('chain_sum') or a weighted mix "
+    "('chain_sum:2,leg_counting:1').",
+  )
+  task_config: str = setting(
+    '',
+    text,
+    "reasoning_gym: JSON of the generator's config fields (one task: "
+    '{"max_terms": 3}; a mix: keyed by task name); \'\' for defaults.',
   )
 
   def __post_init__(self):
     p = validate(self)
-    if self.source != 'arithmetic' and not self.path:
+    if self.source in ('jsonl', 'parquet') and not self.path:
       fail(f'{p}.path', self.path, f'a local {self.source} file')
+    if self.source == 'reasoning_gym' and not self.task.strip():
+      fail(f'{p}.task', self.task, "a reasoning-gym task name, or 'name:w,...'")
     if not self.ops or set(self.ops) - set('+-*'):
       fail(f'{p}.ops', self.ops, "a non-empty string of '+', '-', '*'")

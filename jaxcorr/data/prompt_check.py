@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from absl import logging
 
 from jaxcorr.data.prompts import format_prompt
+from jaxcorr.data.reasoning_gym import CHECKED_ROWS, ReasoningGymSource
 from jaxcorr.data.tasks import ArithmeticSource, Example
 
 
@@ -33,14 +34,18 @@ def _longest(source: Sequence[Example]) -> list[tuple[str, Example]]:
   """The examples whose prompts must be checked: all of a file; for the
   generated arithmetic task (100,000 examples by default) the longest
   prompt of each operator, `'<max_operand><op><max_operand>='`, which
-  bounds every other (one token per character)."""
+  bounds every other (one token per character); for a reasoning-gym task,
+  whose prompts nothing bounds, its first `CHECKED_ROWS` rows."""
   if isinstance(source, ArithmeticSource):
     m = source.max_operand
     return [
       (f'the longest {source!r} prompt', Example(f'{m}{op}{m}=', ''))
       for op in sorted(set(source.ops))
     ]
-  return [(_where(source, i), source[i]) for i in range(len(source))]
+  n = len(source)
+  if isinstance(source, ReasoningGymSource):
+    n = min(n, CHECKED_ROWS)
+  return [(_where(source, i), source[i]) for i in range(n)]
 
 
 def check_prompts(
@@ -82,7 +87,7 @@ def check_prompts(
 
 def _warn_empty_answers(source: Sequence[Example]) -> None:
   """One warning naming the examples of a file with an empty answer."""
-  if isinstance(source, ArithmeticSource):
+  if isinstance(source, (ArithmeticSource, ReasoningGymSource)):
     return
   empty = [i for i in range(len(source)) if not source[i].answer.strip()]
   if empty:

@@ -1,7 +1,8 @@
 """Prompt sources and the deterministic, checkpointable prompt loader.
 
 A source is any `Sequence[Example]`: the generated arithmetic task
-(`tasks.ArithmeticSource`) or a local JSONL / Parquet file read whole at
+(`tasks.ArithmeticSource`), a reasoning-gym task
+(`reasoning_gym.ReasoningGymSource`) or a local JSONL / Parquet file read whole at
 start-up (RL prompt sets are small: GSM8K's train split is 7,473 rows).
 Reading everything up front turns a malformed row 6,000 into a start-up
 error instead of a crash hours into a run; `check_prompts` does the same for
@@ -35,6 +36,7 @@ import numpy as np
 from absl import logging
 
 from jaxcorr.data.config import ANSWER_FORMATS, SOURCES, DataConfig
+from jaxcorr.data.reasoning_gym import ReasoningGymSource
 from jaxcorr.data.tasks import ArithmeticSource, Example
 
 # The config.data defaults, for mappings that leave a field out.
@@ -246,6 +248,12 @@ def _file_source(cfg: Any, source: str, path: str) -> Sequence[Example]:
   )
 
 
+def _gym_source(cfg: Any, seed: int, size: int) -> Sequence[Example]:
+  return ReasoningGymSource(
+    _get(cfg, 'task'), _get(cfg, 'task_config'), seed, size
+  )
+
+
 def _source_name(cfg: Any) -> str:
   source = _get(cfg, 'source')
   if source not in SOURCES:
@@ -267,6 +275,8 @@ def make_source(cfg: Any) -> Sequence[Example]:
       _get(cfg, 'max_operand'),
       _get(cfg, 'ops'),
     )
+  if source == 'reasoning_gym':
+    return _gym_source(cfg, _get(cfg, 'seed'), _get(cfg, 'num_examples'))
   return _file_source(cfg, source, _get(cfg, 'path'))
 
 
@@ -274,10 +284,16 @@ def make_eval_source(cfg: Any) -> Sequence[Example] | None:
   """The evaluation source of `config.data`, or None when there is none.
 
   arithmetic: `eval_examples` examples drawn with `seed + 1` (None when 0).
+  reasoning_gym: `eval_examples` rows drawn with `seed + num_examples`
+  (disjoint from the training rows: `jaxcorr.data.reasoning_gym`).
   jsonl/parquet: the file at `eval_path` with the training file's fields
   (None when `eval_path` is '').
   """
   source = _source_name(cfg)
+  if source == 'reasoning_gym':
+    n = _get(cfg, 'eval_examples')
+    seed = _get(cfg, 'seed') + _get(cfg, 'num_examples')
+    return _gym_source(cfg, seed, n) if n else None
   if source == 'arithmetic':
     n = _get(cfg, 'eval_examples')
     if not n:

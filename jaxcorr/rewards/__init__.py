@@ -12,6 +12,8 @@ the config file imports.
 * `workers`: daemon threads whose stuck calls are abandoned and replaced;
 * `processes`: worker processes killed and replaced on timeout
   (`config.reward.isolation='process'`);
+* `verifiers`: `math_verify` and `reasoning_gym`, rewards that call
+  third-party verifiers (optional extras), and `check_installed`;
 * `scorer`: `RewardScorer` (isolation, timeouts, per-step budget, float32
   checks, failure metrics, a stop for a function that always fails),
   `check_spec` (the start-up check of a spec) and
@@ -41,6 +43,11 @@ from jaxcorr.rewards.scorer import (
   check_rewards,
   check_spec,
 )
+from jaxcorr.rewards.verifiers import (
+  check_installed,
+  math_verify_reward,
+  reasoning_gym_reward,
+)
 
 __all__ = [
   'MAX_STUCK',
@@ -50,6 +57,7 @@ __all__ = [
   'RewardFunctionFailing',
   'RewardScorer',
   'answers_match',
+  'check_installed',
   'check_rewards',
   'check_spec',
   'exact_match',
@@ -57,7 +65,9 @@ __all__ = [
   'format_reward',
   'last_boxed',
   'math_answer',
+  'math_verify_reward',
   'parse_spec',
+  'reasoning_gym_reward',
   'register',
   'to_number',
 ]

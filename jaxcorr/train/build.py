@@ -13,7 +13,8 @@ result to the `Trainer`):
    the sequence length against the model);
 3. `check_components` runs the start-up checks that need a component's own
    code rather than a field rule: the prompt template formats, every reward
-   function is registered.
+   function is registered and its verifier installed, reasoning-gym task
+   names exist.
 
 Every error is a `ValueError` naming the full config path, the value and the
 allowed values. `configs/` derives the ConfigDict sections from the same
@@ -28,7 +29,7 @@ import ml_collections
 
 from jaxcorr import rewards
 from jaxcorr.config import convert, fields
-from jaxcorr.data import prompts
+from jaxcorr.data import prompts, reasoning_gym
 from jaxcorr.data.config import DataConfig
 from jaxcorr.data.tasks import Example
 from jaxcorr.losses import objective_config
@@ -212,7 +213,13 @@ def check_combinations(run: RunConfig) -> None:
 def check_components(run: RunConfig) -> None:
   """Start-up checks that run a component's code (no device, no file):
   `config.data.prompt_template` formats (`jaxcorr.data.prompts.format_prompt`
-  on an empty prompt) and every function of `config.reward.functions` is
-  registered now (`jaxcorr.rewards.check_spec`)."""
+  on an empty prompt), every function of `config.reward.functions` is
+  registered now (`jaxcorr.rewards.check_spec`) and has its verifier package
+  (`jaxcorr.rewards.check_installed`), and a reasoning-gym source names
+  known tasks and a working task config
+  (`jaxcorr.data.reasoning_gym.check`)."""
   prompts.format_prompt(run.data.prompt_template, Example('', ''))
-  rewards.check_spec(rewards.parse_spec(run.reward.functions))
+  names, _ = rewards.check_spec(rewards.parse_spec(run.reward.functions))
+  rewards.check_installed(names)
+  if run.data.source == 'reasoning_gym':
+    reasoning_gym.check(run.data, names, run.train.sft_steps)
