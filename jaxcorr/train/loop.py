@@ -171,9 +171,15 @@ class Trainer:
     self.step, self.sft_done = progress.step, progress.sft_done
     self.loader.restore(progress.loader_state)
     self._loader_state = progress.loader_state
-    self.writer.truncate_after(self.step)
     logging.info('restored step %d from %s', self.step, self.workdir)
     return True
+
+  def _keep_metrics(self) -> None:
+    """Drop the metrics.jsonl lines the resumed run writes again, so each
+    step appears once: those after the restored step, and step 0's
+    evaluation line, which follows checkpoint 0 (all of them when no
+    checkpoint was restored)."""
+    self.writer.truncate_after(self.step if self.step > 0 else -1)
 
   # ------------------------------------------------------------ stages
 
@@ -245,6 +251,7 @@ class Trainer:
     """Run (or resume) the whole job; returns the last step's metrics."""
     t = self.run.train
     self.restore()
+    self._keep_metrics()
     if self._claim is not None:  # after a successful restore or none
       self._claim.write_config()
     self._warm_up()
