@@ -19,7 +19,6 @@ config are written there, with its BOS/EOS/PAD ids.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -66,7 +65,9 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
       f'{path} not found: --workdir must be a directory written by '
       'python -m jaxcorr.main'
     )
-  config = ml_collections.ConfigDict(json.loads(path.read_text()))
+  from jaxcorr.train.checkpoints.workdir import read_config
+
+  config = ml_collections.ConfigDict(read_config(workdir))  # names a bad file
   config.lock()
   return config
 

@@ -24,6 +24,7 @@ in sync mode the resumed run is bit-identical to an uninterrupted one
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -129,7 +130,12 @@ class Trainer:
     )
     self.batch_shards = meshes.batch_shards
     self.checkpoints = RunCheckpoints(
-      workdir, run, config_name, self.process_count
+      workdir,
+      run,
+      config_name,
+      self.process_count,
+      config=json.loads(config.to_json()),
+      allow_config_change=allow_config_change,
     )
     self.checkpointer = self.checkpoints.checkpointer
     self.writer = metrics.MetricWriter(
