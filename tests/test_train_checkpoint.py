@@ -481,7 +481,7 @@ def test_save_on_a_full_disk_is_one_line_naming_the_workdir(
 
   run = run_config.build(arith_tiny.get_config('pulse'))
   workdir = str(tmp_path / 'run')
-  ckpts = RunCheckpoints(workdir, run, 'pulse', 1)
+  ckpts = RunCheckpoints(workdir, run, 'pulse')
   ckpts.save(Progress(0), _small(), None, force=True)
   no_space = os.strerror(errno.ENOSPC)
 

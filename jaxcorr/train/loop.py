@@ -24,7 +24,6 @@ in sync mode the resumed run is bit-identical to an uninterrupted one
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -130,12 +129,7 @@ class Trainer:
     )
     self.batch_shards = meshes.batch_shards
     self.checkpoints = RunCheckpoints(
-      workdir,
-      run,
-      config_name,
-      self.process_count,
-      config=json.loads(config.to_json()),
-      allow_config_change=allow_config_change,
+      workdir, run, config_name, config=config, allow_change=allow_config_change
     )
     self.checkpointer = self.checkpoints.checkpointer
     self.writer = metrics.MetricWriter(
@@ -179,13 +173,6 @@ class Trainer:
     self._loader_state = progress.loader_state
     logging.info('restored step %d from %s', self.step, self.workdir)
     return True
-
-  def _keep_metrics(self) -> None:
-    """Drop the metrics.jsonl lines the resumed run writes again, so each
-    step appears once: those after the restored step, and step 0's
-    evaluation line, which follows checkpoint 0 (all of them when no
-    checkpoint was restored)."""
-    self.writer.truncate_after(self.step if self.step > 0 else -1)
 
   # ------------------------------------------------------------ stages
 
@@ -257,7 +244,7 @@ class Trainer:
     """Run (or resume) the whole job; returns the last step's metrics."""
     t = self.run.train
     self.restore()
-    self._keep_metrics()
+    self.writer.resume(self.step)
     if self._claim is not None:  # after a successful restore or none
       self._claim.write_config()
     self._warm_up()

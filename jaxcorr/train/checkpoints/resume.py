@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import os
 import shutil
-from collections.abc import Mapping
 from typing import Any
+
+import jax
 
 from jaxcorr import console
 from jaxcorr.train.checkpoints import checkpointer as checkpoint
@@ -91,10 +93,10 @@ class RunCheckpoints:
     run: the validated run config (`train.checkpoint_every`,
       `train.keep_checkpoints`).
     config_name: the config string, recorded in every checkpoint.
-    process_count: recorded too (a restore may use another count).
-    config: the run's config as a JSON dict, recorded in every checkpoint
-      and compared with the restored one's (module doc).
-    allow_config_change: resume a checkpoint of another config.
+    config: the run's ConfigDict, recorded in every checkpoint (its JSON,
+      with the process count: a restore may use another count) and
+      compared with the restored one's (module doc).
+    allow_change: resume a checkpoint of another config.
   """
 
   def __init__(
@@ -102,17 +104,16 @@ class RunCheckpoints:
     workdir: str,
     run: RunConfig,
     config_name: str,
-    process_count: int,
     *,
-    config: Mapping[str, Any] | None = None,
-    allow_config_change: bool = False,
+    config: Any = None,
+    allow_change: bool = False,
   ):
     self.workdir = workdir
     self.run = run
     self.config_name = config_name
-    self.process_count = process_count
-    self.config = None if config is None else dict(config)
-    self.allow_config_change = allow_config_change
+    self.process_count = jax.process_count()
+    self.config = None if config is None else json.loads(config.to_json())
+    self.allow_change = allow_change
     self.checkpointer = checkpoint.Checkpointer(
       os.path.join(workdir, 'checkpoints'),
       every=run.train.checkpoint_every,
@@ -167,7 +168,7 @@ class RunCheckpoints:
         self.workdir,
         saved,
         self.config,
-        allow_change=self.allow_config_change,
+        allow_change=self.allow_change,
         source=f'checkpoint step {meta["step"]}',
       )
     progress = Progress(

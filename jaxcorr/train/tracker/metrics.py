@@ -12,10 +12,11 @@ holding them.
 `read_metrics` turns `null` back into NaN. Every line is flushed when
 written; a line cut short by a crash is dropped when the file is reopened.
 
-On resume the trainer calls `truncate_after(step)`: lines of steps after the
-restored checkpoint are dropped (a new file is written and renamed over the
-old one, so a crash never leaves half a file), and the resumed run appends
-from there, so every step appears once.
+On resume the trainer calls `resume(step)`: lines of steps after the
+restored checkpoint are dropped (`truncate_after`: a new file is written and
+renamed over the old one, so a crash never leaves half a file), and the
+resumed run appends from there, so every step appears once. At step 0 the
+step-0 line goes too: its evaluation follows checkpoint 0 and runs again.
 
 TensorBoard files go to `<workdir>/tensorboard/`, one
 `events.out.tfevents.*` file per writer, one scalar summary per metric,
@@ -190,6 +191,13 @@ class MetricWriter:
     self._jsonl.flush()
     if self._tb is not None:
       self._tb.scalars(step, {k: float(v) for k, v in values.items()})
+
+  def resume(self, step: int) -> None:
+    """Before a run resumed from checkpoint `step` (0: none, or the one
+    after the SFT warm-up) writes: drop the lines it writes again, so each
+    step appears once. Those after `step`, and at 0 also step 0's, the
+    evaluation that follows checkpoint 0."""
+    self.truncate_after(step if step > 0 else -1)
 
   def truncate_after(self, step: int) -> None:
     """Drop the lines of steps after `step` (resume from checkpoint `step`).
