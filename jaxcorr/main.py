@@ -84,7 +84,7 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(str(e)) from e
   from jaxcorr.train import preemption, setup
   from jaxcorr.train.checkpoints import workdir
-  from jaxcorr.train.checkpoints.resume import DiskFull
+  from jaxcorr.train.checkpoints.disk_full import DiskFull
   from jaxcorr.train.loop import Trainer
 
   # Errors of the workdir, the machine or the disk: one line, no traceback.

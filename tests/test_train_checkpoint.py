@@ -473,11 +473,8 @@ def test_save_on_a_full_disk_is_one_line_naming_the_workdir(
 
   from configs import arith_tiny
   from jaxcorr.train import run_config
-  from jaxcorr.train.checkpoints.resume import (
-    DiskFull,
-    Progress,
-    RunCheckpoints,
-  )
+  from jaxcorr.train.checkpoints.disk_full import DiskFull
+  from jaxcorr.train.checkpoints.resume import Progress, RunCheckpoints
 
   run = run_config.build(arith_tiny.get_config('pulse'))
   workdir = str(tmp_path / 'run')

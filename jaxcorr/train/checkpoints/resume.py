@@ -6,74 +6,56 @@ A checkpoint of step s (jaxcorr/train/checkpoints/checkpointer.py does the stora
     meta  {'step': s, 'sft_done', 'loader': the prompt loader's state after
            the batch of step s − 1, 'config': the config string,
            'process_count', 'run_config': the run's whole config (the
-           JSON of config.json)}
+           JSON of config.json), 'lagged': the versions below}
 
-In sync mode a resumed run is bit-identical to an uninterrupted one: every
-random choice derives from (train.seed, step) or from this state.
+and, in fixed-lag async mode, the engine's weights of the older versions
+the next batches are sampled by (`AsyncRollouts.lagged`: versions
+max(s − k, 0) .. s − 1 for `rollout.max_staleness` k) as step s of a
+second store, `<workdir>/lagged_weights/`, written before the main one:
+the main tree keeps one layout for every mode, so a run resumed in
+another mode or lag (`--allow_config_change`) still restores it.
+
+A resumed run is bit-identical to an uninterrupted one in sync and
+fixed-lag async mode: every random choice derives from (train.seed, step)
+or from this state, and the lagged weights sample the batches in the
+pipeline exactly as before. A fixed-lag checkpoint without them (another
+mode's, or the lagged store gone) resumes with a warning: the first k
+batches are sampled by the resumed weights.
 
 The restore compares 'run_config' with the config of the run resuming, as
 the workdir claim compares config.json
 (`jaxcorr.train.checkpoints.workdir.check_config`): without config.json a
 changed learning rate is still refused unless --allow_config_change.
 
-A save that fails for lack of disk space raises `DiskFull`, one line
-naming the directory and its free space, in place of the storage layer's
-traceback (and its threads' copies of it in the log).
+A save that fails for lack of disk space raises `disk_full.DiskFull`, one
+line naming the directory and its free space
+(jaxcorr/train/checkpoints/disk_full.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import os
-import shutil
 from typing import Any
 
 import jax
+from absl import logging
 
 from jaxcorr import console
 from jaxcorr.train.checkpoints import checkpointer as checkpoint
 from jaxcorr.train.checkpoints import workdir as workdir_lib
+from jaxcorr.train.checkpoints.disk_full import (
+  NO_SPACE,
+  DiskFull,
+  free_space,
+  no_space,
+)
+from jaxcorr.train.rollouts.weights import engine_params
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.state import TrainState
 
-# How the storage layer words ENOSPC: TensorStore raises a ValueError
-# ("... No space left on device [os_error_code='28']"), Python an OSError.
-_NO_SPACE = os.strerror(errno.ENOSPC)
-
-
-class DiskFull(OSError):
-  """A checkpoint that could not be written for lack of space (one line)."""
-
-
-def no_space(e: BaseException | None) -> bool:
-  """Whether `e` or an exception it was raised from is ENOSPC."""
-  seen = set()
-  while e is not None and id(e) not in seen:
-    seen.add(id(e))
-    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-      return True
-    if _NO_SPACE in str(e):
-      return True
-    e = e.__cause__ or e.__context__
-  return False
-
-
-def free_space(path: str) -> str:
-  """'1.2 GiB free' on the file system of `path` (or its nearest existing
-  parent); 'free space unknown' for object stores."""
-  if '://' in path:
-    return 'free space unknown'
-  path = os.path.abspath(path)
-  while not os.path.exists(path):
-    path = os.path.dirname(path)
-  free = float(shutil.disk_usage(path).free)
-  for unit in ('B', 'KiB', 'MiB', 'GiB'):
-    if free < 1024 or unit == 'GiB':
-      break
-    free /= 1024
-  return f'{free:.3g} {unit} free'
+LAGGED_DIR = 'lagged_weights'
 
 
 @dataclasses.dataclass
@@ -83,6 +65,9 @@ class Progress:
   step: int = 0
   sft_done: bool = False
   loader_state: dict | None = None
+  # Fixed-lag async: {version: engine weights} older than `step` that the
+  # next batches are sampled by (module doc).
+  lagged: dict[int, Any] = dataclasses.field(default_factory=dict)
 
 
 class RunCheckpoints:
@@ -114,11 +99,19 @@ class RunCheckpoints:
     self.process_count = jax.process_count()
     self.config = None if config is None else json.loads(config.to_json())
     self.allow_change = allow_change
+    t = run.train
     self.checkpointer = checkpoint.Checkpointer(
       os.path.join(workdir, 'checkpoints'),
-      every=run.train.checkpoint_every,
-      keep=run.train.keep_checkpoints,
+      every=t.checkpoint_every,
+      keep=t.keep_checkpoints,
     )
+    self.lagged = None  # the lagged weights' store (module doc)
+    if run.rollout.mode == 'async' and run.rollout.max_staleness:
+      self.lagged = checkpoint.Checkpointer(
+        os.path.join(workdir, LAGGED_DIR),
+        every=t.checkpoint_every,
+        keep=t.keep_checkpoints,
+      )
 
   def save(
     self,
@@ -135,10 +128,15 @@ class RunCheckpoints:
       'config': self.config_name,
       'process_count': self.process_count,
       'run_config': self.config,
+      'lagged': sorted(progress.lagged),
     }
     tree = {'state': state, 'ref': ref_params}
+    due = force or self.checkpointer.should_save(progress.step)
     try:
-      with console.dropped_library_errors(_NO_SPACE):
+      with console.dropped_library_errors(NO_SPACE):
+        if due and progress.lagged and self.lagged is not None:
+          lagged = {f'v{v}': w for v, w in progress.lagged.items()}
+          self.lagged.save(progress.step, lagged, {}, force=True)
         return self.checkpointer.save(progress.step, tree, meta, force=force)
     except Exception as e:
       if not no_space(e):
@@ -176,4 +174,44 @@ class RunCheckpoints:
       sft_done=bool(meta['sft_done']),
       loader_state=meta['loader'],
     )
+    progress.lagged = self._restore_lagged(
+      progress.step, meta.get('lagged') or [], tree['state']
+    )
     return tree['state'], tree['ref'], progress
+
+  def _restore_lagged(
+    self, step: int, versions: list[int], state: TrainState
+  ) -> dict[int, Any]:
+    """The lagged weights of checkpoint `step` for this run's producer:
+    `{}` outside fixed-lag async mode, or with a warning when the
+    checkpoint has none for this lag."""
+    if self.lagged is None:
+      return {}
+    lag = self.run.rollout.max_staleness
+    want = list(range(max(step - lag, 0), step))
+    if versions and versions == want[-len(versions) :]:
+      # Shapes, dtypes and shardings of the engine's copies (weights.py).
+      like = checkpoint.abstract_like(engine_params(self.run, state.params))
+      target = {f'v{v}': like for v in versions}
+      try:
+        values, _ = self.lagged.restore(target, step=step)
+        return {v: values[f'v{v}'] for v in versions}
+      except (FileNotFoundError, checkpoint.CheckpointError) as e:
+        logging.warning('%s', e)
+    if want:
+      logging.warning(
+        'checkpoint step %d holds no lagged weights for '
+        'rollout.max_staleness=%d: batches %d..%d are sampled by the '
+        'resumed weights (the resume is not exact)',
+        step,
+        lag,
+        step,
+        step + lag - 1,
+      )
+    return {}
+
+  def close(self) -> None:
+    """Wait for pending saves and release the stores (idempotent)."""
+    self.checkpointer.close()
+    if self.lagged is not None:
+      self.lagged.close()

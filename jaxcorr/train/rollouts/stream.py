@@ -181,6 +181,10 @@ class StreamRollouts:
       self._cond.notify_all()
     return {'time/publish': Metric.avg(time.perf_counter() - t0)}
 
+  def lagged(self, step: int) -> dict[int, Any]:
+    # Rows in flight are not saved (module doc, "Resume").
+    return {}
+
   def close(self) -> None:
     self._stop.set()
     with self._cond:
