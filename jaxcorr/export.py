@@ -29,6 +29,8 @@ from absl import app, flags
 from etils import epath
 from flax import nnx
 
+from jaxcorr.train.checkpoints.workdir import read_config
+
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The training run directory.')
 _OUT = flags.DEFINE_string('out', None, 'Output Hugging Face directory.')
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: latest).')
@@ -65,8 +67,6 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
       f'{path} not found: --workdir must be a directory written by '
       'python -m jaxcorr.main'
     )
-  from jaxcorr.train.checkpoints.workdir import read_config
-
   config = ml_collections.ConfigDict(read_config(workdir))  # names a bad file
   config.lock()
   return config

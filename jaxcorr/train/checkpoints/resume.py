@@ -105,9 +105,9 @@ class RunCheckpoints:
       every=t.checkpoint_every,
       keep=t.keep_checkpoints,
     )
-    self.lagged = None  # the lagged weights' store (module doc)
+    self.lagged_store = None  # module doc
     if run.rollout.mode == 'async' and run.rollout.max_staleness:
-      self.lagged = checkpoint.Checkpointer(
+      self.lagged_store = checkpoint.Checkpointer(
         os.path.join(workdir, LAGGED_DIR),
         every=t.checkpoint_every,
         keep=t.keep_checkpoints,
@@ -134,9 +134,9 @@ class RunCheckpoints:
     due = force or self.checkpointer.should_save(progress.step)
     try:
       with console.dropped_library_errors(NO_SPACE):
-        if due and progress.lagged and self.lagged is not None:
+        if due and progress.lagged and self.lagged_store is not None:
           lagged = {f'v{v}': w for v, w in progress.lagged.items()}
-          self.lagged.save(progress.step, lagged, {}, force=True)
+          self.lagged_store.save(progress.step, lagged, {}, force=True)
         return self.checkpointer.save(progress.step, tree, meta, force=force)
     except Exception as e:
       if not no_space(e):
@@ -185,7 +185,7 @@ class RunCheckpoints:
     """The lagged weights of checkpoint `step` for this run's producer:
     `{}` outside fixed-lag async mode, or with a warning when the
     checkpoint has none for this lag."""
-    if self.lagged is None:
+    if self.lagged_store is None:
       return {}
     lag = self.run.rollout.max_staleness
     want = list(range(max(step - lag, 0), step))
@@ -194,9 +194,9 @@ class RunCheckpoints:
       like = checkpoint.abstract_like(engine_params(self.run, state.params))
       target = {f'v{v}': like for v in versions}
       try:
-        values, _ = self.lagged.restore(target, step=step)
+        values, _ = self.lagged_store.restore(target, step=step)
         return {v: values[f'v{v}'] for v in versions}
-      except (FileNotFoundError, checkpoint.CheckpointError) as e:
+      except (OSError, ValueError) as e:  # absent, or a CheckpointError
         logging.warning('%s', e)
     if want:
       logging.warning(
@@ -213,5 +213,5 @@ class RunCheckpoints:
   def close(self) -> None:
     """Wait for pending saves and release the stores (idempotent)."""
     self.checkpointer.close()
-    if self.lagged is not None:
-      self.lagged.close()
+    if self.lagged_store is not None:
+      self.lagged_store.close()

@@ -242,8 +242,9 @@ def claim(workdir: str, config: Any, *, allow_change: bool = False) -> Claim:
   else:
     lock = _Lock(os.path.join(os.fspath(path), LOCK_FILE))
   try:
-    saved = read_config(workdir)
-    if saved is not None and has_checkpoints(workdir):
+    # Without a committed step a fresh start may use any config.
+    saved = read_config(workdir) if has_checkpoints(workdir) else None
+    if saved is not None:
       check_config(
         workdir, saved, json.loads(config_json), allow_change=allow_change
       )

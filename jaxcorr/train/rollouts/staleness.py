@@ -181,7 +181,7 @@ class EmptyBatches:
     self.limit = limit
     self.policy, self.max_staleness = policy, max_staleness
     self.queue_size = queue_size
-    self.run = 0  # empty batches in a row so far
+    self.in_a_row = 0  # empty batches in a row so far
 
   def check(
     self, step: int, valid_tokens: float, metrics: Mapping[str, float]
@@ -190,9 +190,9 @@ class EmptyBatches:
     batch, and its host `metrics`): warn if it trained on nothing, raise a
     RuntimeError once more than `limit` did in a row."""
     if valid_tokens > 0:
-      self.run = 0
+      self.in_a_row = 0
       return
-    self.run += 1
+    self.in_a_row += 1
     stale = metrics.get('rollout/stale_dropped_fraction', 0.0)
     errors = metrics.get('rollout/finish_error_fraction', 0.0)
     errors += metrics.get('rollout/finish_abort_fraction', 0.0)
@@ -210,9 +210,9 @@ class EmptyBatches:
       why = f'{errors:.0%} of the rows are engine ERROR or ABORT rows'
       fix = 'the engine (its log says why it failed the rows)'
     msg = f'step {step + 1} trained on nothing: no response token left ({why})'
-    if self.run > self.limit:
+    if self.in_a_row > self.limit:
       raise RuntimeError(
-        f'{msg}; {self.run} such batches in a row > '
+        f'{msg}; {self.in_a_row} such batches in a row > '
         f'rollout.max_empty_batches={self.limit}: change {fix}'
       )
     logging.warning('%s; check %s', msg, fix)
