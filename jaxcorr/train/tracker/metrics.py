@@ -41,6 +41,7 @@ from typing import Any, TextIO
 import jax
 import numpy as np
 
+from jaxcorr.train.tracker.step_rate import StepRate, compile_seconds
 from jaxcorr.train.tracker.tensorboard import EventFile
 
 JSONL = 'metrics.jsonl'
@@ -278,56 +279,15 @@ def _format_value(x: Any) -> str:
     return str(x)
 
 
-class StepRate:
-  """Seconds per step for the ETA, from the step times given.
-
-  The first `compile_steps` times are left out: a process's first step
-  compiles (the update, the engine's programs), 10-30x a step on a CPU, and
-  an average that starts there stays far off for tens of steps (16.7 s/step
-  and a 55 min ETA for a run that ended 2m20s later). From the first step
-  after them on, an exponential moving average (weight `smoothing` on the
-  newest), so one slow step (an evaluation, a checkpoint) moves it little.
-
-  Args:
-    smoothing: the moving average's weight on the newest step time.
-    compile_steps: leading step times left out.
-  """
-
-  def __init__(self, *, smoothing: float = 0.1, compile_steps: int = 1):
-    if not 0 < smoothing <= 1:
-      raise ValueError(f'smoothing must be in (0, 1], got {smoothing}')
-    if compile_steps < 0:
-      raise ValueError(f'compile_steps must be >= 0, got {compile_steps}')
-    self.smoothing = smoothing
-    self._skip = compile_steps
-    self.value: float | None = None  # seconds per step, None until known
-
-  def add(self, seconds: float) -> None:
-    """One step's time (a non-finite one is ignored)."""
-    if not math.isfinite(seconds):
-      return
-    if self._skip > 0:
-      self._skip -= 1
-      return
-    x = max(float(seconds), 0.0)
-    ema = self.value
-    self.value = x if ema is None else ema + self.smoothing * (x - ema)
-
-  def eta(self, remaining_steps: int) -> float | None:
-    """Seconds until `remaining_steps` more steps are done (None: unknown)."""
-    if self.value is None:
-      return None
-    return max(remaining_steps, 0) * self.value
-
-
 class ProgressLine:
   """One human-readable line per logged step:
 
       step 12/100 | reward/mean 0.531 | 1.23 s/step | ETA 1m48s
 
-  Seconds per step and the ETA come from `StepRate`: the first step time
-  given (the step that compiles) is left out, so the line shows them from
-  the second step on, then a moving average of the step times.
+  Seconds per step and the ETA come from `step_rate.StepRate`: the first
+  step time given is left out, and from the others the time JAX spent
+  compiling during them (`step_rate.compile_seconds`, every thread), so the
+  line shows them from the second step on, then a moving average.
 
   Args:
     total_steps: the last step.
@@ -358,6 +318,8 @@ class ProgressLine:
     self.stream = stream
     self.every = every
     self.rate = StepRate(smoothing=smoothing, compile_steps=compile_steps)
+    # (step, compile seconds) at the last update.
+    self._last: tuple[int | None, float] = (None, compile_seconds())
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
 
   @property
@@ -372,8 +334,13 @@ class ProgressLine:
   ) -> str | None:
     """Record a step time and print the line if `step` is due; returns the
     printed line (None when not due)."""
+    compiled = compile_seconds()
+    last_step, last_compiled = self._last
+    self._last = (step, compiled)
     if seconds_per_step is not None:
-      self.rate.add(seconds_per_step)
+      # The compile time since the last update, spread over its steps.
+      steps = max(step - last_step, 1) if last_step is not None else 1
+      self.rate.add(seconds_per_step, (compiled - last_compiled) / steps)
     if step % self.every and step != self.total_steps:
       return None
     parts = [f'step {step}/{self.total_steps}']
