@@ -285,9 +285,9 @@ class ProgressLine:
       step 12/100 | reward/mean 0.531 | 1.23 s/step | ETA 1m48s
 
   Seconds per step and the ETA come from `step_rate.StepRate`: the first
-  step time given is left out, and from the others the time JAX spent
-  compiling during them (`step_rate.compile_seconds`, every thread), so the
-  line shows them from the second step on, then a moving average.
+  step and the steps that mostly compiled (`step_rate.compile_seconds`, in
+  every thread) are left out, and from the others their compile time, so
+  the line shows them from the first step that did not compile on.
 
   Args:
     total_steps: the last step.

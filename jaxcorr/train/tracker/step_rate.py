@@ -3,12 +3,16 @@
 
 A step that compiles takes 10-30x a step on a CPU: the first RL step (the
 update, the engine's programs), but also the second (decode programs for
-the batch sizes a trained model's shorter responses leave) and the first
-evaluation. Averaged in, they put the ETA of `make run` at 55 minutes
-after step 1 and 22 after step 2 for a run that ended 2.5 minutes later.
-`StepRate` leaves the first step out and takes from every other step the
-time JAX spent compiling during it (`compile_seconds`): what is left is
-what the remaining steps will take.
+the batch sizes a trained model's shorter responses leave: 5.5-6 s of
+which ~5 compiling, against 0.5 s for a step). Averaged in, they put the
+ETA of `make run` at 55 minutes after step 1 and 22 after step 2 for a run
+that ended 2 minutes later. `StepRate` leaves out the first step and every
+step that spent more than half its time compiling (`compile_seconds`, the
+time JAX spent tracing, lowering and compiling in any thread); what a
+compile step leaves besides is no guide either (its programs' first runs:
+still twice a step). From the other steps it takes their compile time and
+averages the rest: a plain mean over the first 1/smoothing steps, then an
+exponential moving average.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ import threading
 
 from jax import monitoring
 
-# XLA compilation (a persistent-cache read included) and the lowering of a
-# traced program, each recorded once per program; tracing is not counted
-# (nested jits record it inside their caller's, counting it twice).
+# Tracing, lowering and XLA compilation (a persistent-cache read included)
+# of a program. A jit traced inside another records its tracing inside its
+# caller's too: counted twice, which only lowers that step's time (never
+# below 0).
 COMPILE_EVENTS = (
+  '/jax/core/compile/jaxpr_trace_duration',
   '/jax/core/compile/jaxpr_to_mlir_module_duration',
   '/jax/core/compile/backend_compile_duration',
 )
@@ -43,17 +49,19 @@ monitoring.register_event_duration_secs_listener(_record)
 
 
 def compile_seconds() -> float:
-  """Seconds JAX has spent lowering and compiling programs in this process,
-  in every thread, since this module was imported (`jax.monitoring`)."""
+  """Seconds JAX has spent tracing, lowering and compiling programs in this
+  process, in every thread, since this module was imported
+  (`jax.monitoring`)."""
   with _lock:
     return _compile_s
 
 
 class StepRate:
   """Seconds per step from step times less their compile time (module
-  doc): the first `compile_steps` times are left out, then an exponential
-  moving average (weight `smoothing` on the newest), so one slow step (an
-  evaluation, a checkpoint) moves it little.
+  doc): the first `compile_steps` times and the steps that mostly compiled
+  are left out; the rest are averaged, the newest with weight
+  max(`smoothing`, 1 / their number), so one slow step (an evaluation, a
+  checkpoint) moves the estimate little.
 
   Args:
     smoothing: the moving average's weight on the newest step time.
@@ -67,6 +75,7 @@ class StepRate:
       raise ValueError(f'compile_steps must be >= 0, got {compile_steps}')
     self.smoothing = smoothing
     self._skip = compile_steps
+    self._n = 0  # step times averaged
     self.value: float | None = None  # seconds per step, None until known
 
   def add(self, seconds: float, compile_seconds: float = 0.0) -> None:
@@ -77,9 +86,14 @@ class StepRate:
     if self._skip > 0:
       self._skip -= 1
       return
-    x = max(float(seconds) - max(compile_seconds, 0.0), 0.0)
+    compile_seconds = max(compile_seconds, 0.0)
+    if compile_seconds > seconds / 2:  # a compile step (module doc)
+      return
+    x = float(seconds) - compile_seconds
+    self._n += 1
     ema = self.value
-    self.value = x if ema is None else ema + self.smoothing * (x - ema)
+    w = max(self.smoothing, 1 / self._n)
+    self.value = x if ema is None else ema + w * (x - ema)
 
   def eta(self, remaining_steps: int) -> float | None:
     """Seconds until `remaining_steps` more steps are done (None: unknown)."""
