@@ -345,7 +345,7 @@ def _make_run_step_times() -> tuple[np.ndarray, np.ndarray]:
   t = 0.5 * rng.uniform(0.75, 1.25, 200)
   compiled = np.zeros(200)
   compiled[:3] = 20.0, 5.0, 0.2
-  t[:3] += compiled[:3] + [1.0, 0.5, 0.0]
+  t[:3] += compiled[:3] + np.array([1.0, 0.5, 0.0])
   t[19::20] += 0.15  # eval/accuracy on 256 held-out prompts
   t[49::50] += 0.3  # a checkpoint
   return t, compiled
