@@ -28,7 +28,6 @@ replaced).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -38,6 +37,8 @@ import ml_collections
 from absl import app, flags
 from etils import epath
 from flax import nnx
+
+from jaxcorr.train.checkpoints.workdir import read_config
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The training run directory.')
 _OUT = flags.DEFINE_string('out', None, 'Output Hugging Face directory.')
@@ -60,7 +61,7 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
       f'{path} not found: --workdir must be a directory written by '
       'python -m jaxcorr.main'
     )
-  config = ml_collections.ConfigDict(json.loads(path.read_text()))
+  config = ml_collections.ConfigDict(read_config(workdir))  # names a bad file
   config.lock()
   return config
 

@@ -14,9 +14,13 @@ checkpoint; a changed config is refused unless `--allow_config_change`, and
 a second trainer on a workdir in use is refused (`jaxcorr.train.checkpoints.workdir`).
 Multi-process runs: see `jaxcorr.distributed` and docs/tpu.md.
 
-Exit status: 0 when `train.num_steps` were run; 75 (`EXIT_PREEMPTED`) when
+Exit status: 0 when `train.num_steps` were run (a re-run of a finished
+run prints "nothing to do: step N of N"); 75 (`EXIT_PREEMPTED`) when
 SIGTERM or Ctrl-C stopped the run after a checkpoint (re-run to resume);
-1 on an error.
+1 on an error. A config file that cannot be loaded, a workdir that cannot
+hold a run (a file, an unreadable config.json), a device layout the
+machine cannot give (`rollout.rollout_devices`, `mesh`) and a checkpoint
+save on a full disk are one line, `error: ...`, without a traceback.
 
 The console shows the progress lines and jaxcorr's own logs; the libraries'
 INFO logs (orbax's checkpoint lines, ...) only with `--verbose_libs`
@@ -64,6 +68,13 @@ def main(argv: Sequence[str]) -> None:
   from jaxcorr import distributed
   from jaxcorr.train import build
 
+  config = _CONFIG.value
+  try:
+    config.keys()  # a file that failed to load raises on first use
+  except OSError as e:  # a misspelt --config: one line, no traceback
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    why = lines[-1].rpartition('earlier failure to load: ')[2]
+    sys.exit(f'error: --config={_config_name(sys.argv)}: {why}')
   try:
     # Before jax.distributed, device or file work: a bad field is a usage
     # message.
@@ -71,10 +82,18 @@ def main(argv: Sequence[str]) -> None:
     distributed.initialize_from_flags()
   except ValueError as e:
     raise app.UsageError(str(e)) from e
-  from jaxcorr.train import preemption
+  from jaxcorr.train import preemption, setup
   from jaxcorr.train.checkpoints import workdir
+  from jaxcorr.train.checkpoints.disk_full import DiskFull
   from jaxcorr.train.loop import Trainer
 
+  # Errors of the workdir, the machine or the disk: one line, no traceback.
+  one_line = (
+    workdir.WorkdirUnusable,
+    workdir.ConfigUnreadable,
+    setup.DeviceLayoutError,
+    DiskFull,
+  )
   try:
     trainer = Trainer(
       run,
@@ -83,13 +102,19 @@ def main(argv: Sequence[str]) -> None:
       config_name=_config_name(sys.argv),
       allow_config_change=_ALLOW_CHANGE.value,
     )
+    last = trainer.train()
   except (workdir.WorkdirBusy, workdir.ConfigChanged) as e:
     raise app.UsageError(str(e)) from e
-  last = trainer.train()
+  except one_line as e:
+    sys.exit(f'error: {e}')
   keys = ('step', 'reward/mean', 'eval/accuracy')
   if trainer.preempted:
     print(f'preempted: checkpoint at step {trainer.step}; re-run to resume')
     sys.exit(preemption.EXIT_PREEMPTED)
+  if not last:  # restored at (or past) train.num_steps: no step ran
+    num_steps = trainer.run.train.num_steps
+    print(f'nothing to do: step {trainer.step} of {num_steps}')
+    return
   logging.info('done: %s', {k: last.get(k) for k in keys if k in last})
   print('done:', ', '.join(f'{k}={last[k]:.4g}' for k in keys if k in last))
 

@@ -68,3 +68,65 @@ def test_signal_checkpoints_and_exits_75(tmp_path, sig):
   ]
   # Step 0 (after SFT) and the step the signal arrived in.
   assert len(steps) == 2 and max(steps) >= 1, steps
+
+
+def _main(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+  return subprocess.run(
+    [sys.executable, '-m', 'jaxcorr.main', *args],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+
+
+@pytest.mark.parametrize(
+  'case', ['misspelt_config', 'workdir_is_a_file', 'rollout_devices']
+)
+def test_start_up_errors_are_one_line(tmp_path, case):
+  afile = tmp_path / 'afile'
+  afile.write_text('not a directory')
+  args, want = {
+    'misspelt_config': (
+      ['--config=configs/arith_tny.py', f'--workdir={tmp_path / "w"}'],
+      'error: --config=configs/arith_tny.py: [Errno 2] No such file or '
+      "directory: 'configs/arith_tny.py'",
+    ),
+    'workdir_is_a_file': (
+      ['--config=configs/arith_tiny.py:pulse', f'--workdir={afile}'],
+      f'error: --workdir={afile}: it is a file, not a directory',
+    ),
+    'rollout_devices': (
+      [
+        '--config=configs/arith_tiny.py:pulse',
+        '--config.rollout.mode=async',
+        '--config.rollout.max_staleness=1',
+        '--config.rollout.rollout_devices=1000',
+        f'--workdir={tmp_path / "w"}',
+      ],
+      'error: config.rollout.rollout_devices=1000: must leave the trainer '
+      'at least one of the',
+    ),
+  }[case]
+  proc = _main(*args)
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+  lines = proc.stderr.splitlines()
+  assert lines[-1].startswith(want), proc.stderr[-3000:]
+  assert sum(line.startswith('error') for line in lines) == 1
+
+
+def test_rerunning_a_finished_run_says_nothing_to_do(tmp_path):
+  args = (
+    '--config=configs/arith_tiny.py:pulse',
+    '--config.train.num_steps=1',
+    '--config.train.eval_every=0',
+    f'--workdir={tmp_path}',
+  )
+  first = _main(*args, timeout=600)
+  assert first.returncode == 0 and 'done: ' in first.stdout, first.stderr[
+    -3000:
+  ]
+  again = _main(*args)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert again.stdout.strip() == 'nothing to do: step 1 of 1'

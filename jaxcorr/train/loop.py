@@ -19,9 +19,10 @@ row's staleness is s minus its sampling version
 
 SIGTERM (TPU preemption) sets a flag; the loop finishes the current step,
 writes a checkpoint and returns. A restart with the same --workdir resumes:
-in sync mode the resumed run is bit-identical to an uninterrupted one
-(params, metrics), because every random choice is derived from
-(train.seed, step) or from checkpointed state.
+in sync and fixed-lag async mode the resumed run is bit-identical to an
+uninterrupted one (params, metrics), because every random choice is
+derived from (train.seed, step) or from checkpointed state (fixed lag: the
+older weights its pipeline samples with, `RolloutSource.lagged`).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class Trainer:
     )
     self.batch_shards = meshes.batch_shards
     self.checkpoints = RunCheckpoints(
-      workdir, run, config_name, self.process_count
+      workdir, run, config_name, config=config, allow_change=allow_config_change
     )
     self.checkpointer = self.checkpoints.checkpointer
     self.writer = metrics.MetricWriter(
@@ -137,6 +138,8 @@ class Trainer:
     self.sft_done = run.train.sft_steps == 0
     self.preempted = False  # train() stopped on SIGTERM / Ctrl-C
     self._loader_state = self.loader.state()
+    self.source: RolloutSource | None = None  # train()'s
+    self._lagged: dict[int, Any] = {}  # restored for the source
 
   @classmethod
   def from_config(cls, config, workdir: str, **kwargs: Any) -> Trainer:
@@ -160,7 +163,8 @@ class Trainer:
   # ------------------------------------------------------- checkpoints
 
   def save(self, *, force: bool = False) -> bool:
-    progress = Progress(self.step, self.sft_done, self._loader_state)
+    lagged = self.source.lagged(self.step) if self.source else {}
+    progress = Progress(self.step, self.sft_done, self._loader_state, lagged)
     return self.checkpoints.save(
       progress, self.state, self.ref_params, force=force
     )
@@ -174,7 +178,7 @@ class Trainer:
     self.step, self.sft_done = progress.step, progress.sft_done
     self.loader.restore(progress.loader_state)
     self._loader_state = progress.loader_state
-    self.writer.truncate_after(self.step)
+    self._lagged = progress.lagged  # for the producer (fixed_lag.py)
     logging.info('restored step %d from %s', self.step, self.workdir)
     return True
 
@@ -248,6 +252,7 @@ class Trainer:
     """Run (or resume) the whole job; returns the last step's metrics."""
     t = self.run.train
     self.restore()
+    self.writer.resume(self.step)
     if self._claim is not None:  # after a successful restore or none
       self._claim.write_config()
     self._warm_up()
@@ -256,8 +261,13 @@ class Trainer:
       keys=('reward/mean', 'eval/accuracy', 'rollout_corr/kl'),
       every=t.log_every,
     )
-    source = make_rollouts(
-      self.run, self.stage, self.loader, self.engine_params, start=self.step
+    self.source = source = make_rollouts(
+      self.run,
+      self.stage,
+      self.loader,
+      self.engine_params,
+      start=self.step,
+      history=self._lagged,
     )
     last: dict[str, float] = {}
     try:
@@ -291,7 +301,7 @@ class Trainer:
     return last
 
   def close(self) -> None:
-    self.checkpointer.close()
+    self.checkpoints.close()
     self.scorer.close()
     if self._claim is not None:
       self._claim.release()

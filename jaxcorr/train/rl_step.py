@@ -4,7 +4,8 @@ functions.
     Scored ─ validate (the rollout contract) ─ rollout metrics, error and
     staleness checks ─ assemble (drop or mask stale data by
     rollout.staleness_policy, pick μ, pad; numpy `TrainBatch`)
-    ─ to_device ─ Steps.prepare ─ Steps.update ─ metrics
+    ─ to_device ─ Steps.prepare ─ Steps.update ─ metrics ─ a run of
+    batches with no token left stops the run (`staleness.EmptyBatches`)
 
 Host metrics (`rollout/`, `reward/`, `response_length/`, the reward
 functions') are computed on this process's rows and combined over
@@ -79,6 +80,13 @@ class RLStep:
     t = run.train
     local_shards = max(batch_shards // jax.process_count(), 1)
     self.row_multiple = t.mini_batches * t.micro_batches * local_shards
+    r = run.rollout
+    self.empty = staleness.EmptyBatches(
+      limit=r.max_empty_batches,
+      policy=r.staleness_policy,
+      max_staleness=r.max_staleness,
+      queue_size=r.queue_size,
+    )
 
   def validation(self, trainer_version: int) -> ValidationConfig:
     r = self.run.rollout
@@ -174,6 +182,8 @@ class RLStep:
     )
     train_tokens = host.pop('perf/train_tokens')  # all processes' tokens
     out = {**host, **device_metrics}
+    # Warns, then stops a run of updates on nothing (staleness.py).
+    self.empty.check(step, out['batch/valid_tokens'], out)
     out['time/prepare'] = t1 - t0
     out['time/update'] = t2 - t1
     out['rollout/policy_version'] = float(scored.version)

@@ -30,6 +30,11 @@ from jaxcorr.train.step import Steps
 # ------------------------------------------------------------- devices
 
 
+class DeviceLayoutError(ValueError):
+  """The config asks for a device layout this machine cannot give (a
+  start-up error, one line: `jaxcorr.main`)."""
+
+
 def split_devices(
   run: run_lib.RunConfig, devices: list[Any]
 ) -> tuple[list[Any], list[Any] | None]:
@@ -38,7 +43,7 @@ def split_devices(
   if k == 0:
     return devices, None
   if k >= len(devices):
-    raise ValueError(
+    raise DeviceLayoutError(
       f'config.rollout.rollout_devices={k}: must leave the trainer at least '
       f'one of the {len(devices)} devices'
     )
@@ -62,13 +67,16 @@ class Meshes:
 def make_meshes(run: run_lib.RunConfig) -> Meshes:
   process_count = jax.process_count()
   if process_count > 1 and run.rollout.rollout_devices:
-    raise ValueError(
+    raise DeviceLayoutError(
       'config.rollout.rollout_devices must be 0 with several processes: '
       'each host samples on its own devices (sub-meshes per host are not '
       'implemented yet)'
     )
   train_devices, rollout_devices = split_devices(run, jax.devices())
-  mesh = sharding.make_mesh(run.mesh, devices=train_devices)
+  try:
+    mesh = sharding.make_mesh(run.mesh, devices=train_devices)
+  except ValueError as e:  # the shape does not fit the devices
+    raise DeviceLayoutError(f'config.mesh: {e}') from None
   if rollout_devices is None and process_count > 1:
     # Each host samples its own prompts, so its engine must run on its
     # own devices: a global engine mesh would need every host to issue

@@ -26,7 +26,9 @@ each workdir and RL step, the rows this process trained on,
 `rewards`), as they left its rollout source. `--preempt <name>:<step>`
 sends this process SIGTERM once workdir `<name>` has trained step `<step>`:
 the trainer's preemption path (checkpoint, stop) with the rollouts of the
-next steps in flight.
+next steps in flight. `--kill <name>:<step>` sends it SIGKILL once that
+step's metrics line is written: a crash, nothing saved since the last
+periodic checkpoint (the job ends there, without its .npz files).
 
 The device count must be set before anything starts the JAX backend, hence a
 script of its own rather than code in the pytest process.
@@ -92,6 +94,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     metavar='WORKDIR:STEP',
     help='SIGTERM after that workdir trained that step',
   )
+  p.add_argument(
+    '--kill',
+    default='',
+    metavar='WORKDIR:STEP',
+    help="SIGKILL once that workdir's metrics line of that step is written",
+  )
   return p.parse_args(argv)
 
 
@@ -146,6 +154,21 @@ def preempt_after(trainer: Any, step: int) -> None:
     return out
 
   trainer.train_on = training
+
+
+def kill_after(trainer: Any, step: int) -> None:
+  """Wraps `trainer.writer.write` to SIGKILL this process right after the
+  metrics line of step `step` is written (and flushed)."""
+  import signal
+
+  write = trainer.writer.write
+
+  def writing(s: int, metrics: Any) -> None:
+    write(s, metrics)
+    if s == step:
+      os.kill(os.getpid(), signal.SIGKILL)
+
+  trainer.writer.write = writing
 
 
 def host_params(trainer: Any, params: Any) -> dict[str, Any]:
@@ -233,6 +256,8 @@ def main(argv: list[str]) -> None:
       record_rollouts(trainer, run, rollouts)
     if args.preempt.rpartition(':')[0] == run:
       preempt_after(trainer, int(args.preempt.rpartition(':')[2]))
+    if args.kill.rpartition(':')[0] == run:
+      kill_after(trainer, int(args.kill.rpartition(':')[2]))
     trainer.train()
     final = host_params(trainer, trainer.state.params)
     arrays.update({f'{run}/final/{k}': v for k, v in final.items()})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import jax
 import numpy as np
@@ -217,3 +218,24 @@ def test_step_breakdown_metrics_and_export(tmp_path):
   np.testing.assert_allclose(
     np.asarray(loaded(tokens)), np.asarray(trained(tokens)), atol=1e-5
   )
+
+
+def test_restore_to_step_0_writes_each_step_once(tmp_path):
+  """A run killed before its first periodic checkpoint restores step 0
+  (checkpoint 0, after SFT, precedes step 0's evaluation line): each step of
+  metrics.jsonl appears once."""
+  # The same preset and shapes as test_resume_is_exact (compile cache).
+  config = pulse_config(
+    'decoupled_seq_is_rs',
+    length_reward=True,
+    train__num_steps=2,
+    train__checkpoint_every=0,
+    train__eval_every=1,
+  )
+  _train(config, tmp_path)
+  assert [r['step'] for r in _read(tmp_path)] == [0, 1, 2]
+  # SIGKILL before the final checkpoint: only checkpoint 0 is on disk.
+  shutil.rmtree(tmp_path / 'checkpoints' / '2')
+  trainer, _ = _train(config, tmp_path)
+  assert trainer.step == 2
+  assert [r['step'] for r in _read(tmp_path)] == [0, 1, 2]

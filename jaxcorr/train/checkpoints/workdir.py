@@ -16,7 +16,11 @@ keep a second invocation on the same directory from damaging it:
   changed field outside `RESUMABLE` (algorithm, preset, learning rate,
   model shape, seed, ...) is refused with a `ConfigChanged` error listing
   the fields, unless `allow_change=True` (`--allow_config_change`), which
-  resumes under the new values.
+  resumes under the new values. Every checkpoint holds the config too
+  (jaxcorr/train/checkpoints/resume.py), and the restore checks it the
+  same way, so a deleted `config.json` does not let a changed config
+  through; a `config.json` cut short is a `ConfigUnreadable` error naming
+  it.
 * Ordering. `Claim.write_config` writes `config.json` (atomically: a
   temporary file renamed) and is called by the trainer only after the
   restore succeeded or a fresh start was set up, so a rejected re-run
@@ -70,6 +74,15 @@ class ConfigChanged(ValueError):
   changes what is trained."""
 
 
+class ConfigUnreadable(ValueError):
+  """The workdir's config.json cannot be read (one line at start-up)."""
+
+
+class WorkdirUnusable(OSError):
+  """--workdir cannot be a run directory (a file, a path through a file,
+  no permission); one line at start-up (`jaxcorr.main`)."""
+
+
 def _flatten(tree: Any, prefix: str = '') -> dict[str, Any]:
   out = {}
   if isinstance(tree, Mapping):
@@ -102,6 +115,53 @@ def config_changes(
         )
       )
   return out
+
+
+def read_config(workdir: str) -> dict[str, Any] | None:
+  """The run's saved `config.json` as a dict; None when there is none.
+  Raises `ConfigUnreadable` naming the file when it is not a JSON object
+  (a write cut short by a full disk or a copy)."""
+  path = epath.Path(workdir) / CONFIG_FILE
+  if not path.is_file():
+    return None
+  try:
+    saved = json.loads(path.read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ConfigUnreadable(
+      f'{path} is not valid JSON ({e}): cut short? The checkpoints hold the '
+      "run's config too: delete the file to resume from them, or use "
+      'another --workdir'
+    ) from None
+  if not isinstance(saved, dict):
+    raise ConfigUnreadable(f'{path} is not a JSON object')
+  return saved
+
+
+def check_config(
+  workdir: str,
+  saved: Mapping[str, Any],
+  new: Mapping[str, Any],
+  *,
+  allow_change: bool,
+  source: str = CONFIG_FILE,
+) -> None:
+  """Raises `ConfigChanged` when `new` changes a field of the `saved` run
+  config (JSON dicts) outside `RESUMABLE`; with `allow_change` logs the
+  changes instead. `source` names where `saved` came from."""
+  changes = config_changes(saved, new)
+  if not changes:
+    return
+  listed = '; '.join(
+    f'config.{k}: {a!r} in the run, {b!r} now' for k, a, b in changes
+  )
+  if not allow_change:
+    raise ConfigChanged(
+      f'{workdir} holds a run with another config ({listed}; from '
+      f'{source}). Resuming would silently continue under the new values: '
+      'use another --workdir, or pass --allow_config_change to resume '
+      'with them'
+    )
+  logging.warning('resuming %s with a changed config: %s', workdir, listed)
 
 
 def has_checkpoints(workdir: str) -> bool:
@@ -163,10 +223,18 @@ class Claim:
 def claim(workdir: str, config: Any, *, allow_change: bool = False) -> Claim:
   """Locks `workdir` and checks `config` (a ConfigDict) against the run
   saved there (module doc). Writes nothing but the lock file; raises
-  `WorkdirBusy` or `ConfigChanged`."""
+  `WorkdirUnusable`, `WorkdirBusy`, `ConfigUnreadable` or
+  `ConfigChanged`."""
   config_json = config.to_json(indent=2)
   path = epath.Path(workdir)
-  path.mkdir(parents=True, exist_ok=True)
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    if path.exists():
+      why = 'it is a file, not a directory'
+    else:
+      why = f'cannot create it ({e.strerror or e})'
+    raise WorkdirUnusable(f'--workdir={workdir}: {why}') from None
   lock = None
   if '://' in workdir:
     logging.warning(
@@ -176,25 +244,12 @@ def claim(workdir: str, config: Any, *, allow_change: bool = False) -> Claim:
   else:
     lock = _Lock(os.path.join(os.fspath(path), LOCK_FILE))
   try:
-    saved_path = path / CONFIG_FILE
-    if saved_path.is_file() and has_checkpoints(workdir):
-      changes = config_changes(
-        json.loads(saved_path.read_text()), json.loads(config_json)
+    # Without a committed step a fresh start may use any config.
+    saved = read_config(workdir) if has_checkpoints(workdir) else None
+    if saved is not None:
+      check_config(
+        workdir, saved, json.loads(config_json), allow_change=allow_change
       )
-      if changes:
-        listed = '; '.join(
-          f'config.{k}: {a!r} in the run, {b!r} now' for k, a, b in changes
-        )
-        if not allow_change:
-          raise ConfigChanged(
-            f'{workdir} holds a run with another config ({listed}). '
-            'Resuming would silently continue under the new values: use '
-            'another --workdir, or pass --allow_config_change to resume '
-            'with them'
-          )
-        logging.warning(
-          'resuming %s with a changed config: %s', workdir, listed
-        )
   except BaseException:
     if lock is not None:
       lock.release()

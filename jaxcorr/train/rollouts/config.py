@@ -121,9 +121,10 @@ class RolloutConfig:
     'wait',
     one_of(*STALENESS_POLICIES),
     "'wait': the producer waits for the weights a batch needs, so no token "
-    "is older than max_staleness versions; stream only: 'drop' (never "
-    'wait; a row with a token older than that leaves the loss) or '
-    "'mask' (never wait; only those tokens leave the loss).",
+    "is older than max_staleness versions; stream only: 'drop' (a row "
+    "with a token older than that leaves the loss) or 'mask' (only those "
+    'tokens leave the loss), where the producer waits only when nothing '
+    'it would sample next could train.',
   )
   rollout_devices: int = setting(
     0,
@@ -154,6 +155,13 @@ class RolloutConfig:
     0.0,
     number(0, 1),
     'Largest tolerated fraction of ERROR rows before the loop raises.',
+  )
+  max_empty_batches: int = setting(
+    2,
+    _NAT,
+    'Batches in a row with no token left to train (every row dropped or '
+    'masked as too stale, or an engine error) tolerated, each with a '
+    'warning, before the run stops; 0 stops at the first.',
   )
 
   def __post_init__(self):

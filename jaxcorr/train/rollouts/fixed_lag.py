@@ -5,12 +5,21 @@
                       sample + score ── queue.put (blocks when full)
 
 Batch s is sampled with exactly version v(s) = max(s − max_staleness,
-first), where `first` is the version the run started (or resumed) from.
-So staleness is exactly `max_staleness` once the pipeline is full, never
-more (the trainer checks it on every row), and a run is reproducible: which
-weights sample which batch does not depend on thread timing. This is
-verl's one-step-off-policy pipelining for max_staleness=1 and a fixed-lag
-version of fully-async training for larger values.
+first), where `first` is the version the run started from. So staleness is
+exactly `max_staleness` once the pipeline is full, never more (the trainer
+checks it on every row), and a run is reproducible: which weights sample
+which batch does not depend on thread timing. This is verl's
+one-step-off-policy pipelining for max_staleness=1 and a fixed-lag version
+of fully-async training for larger values.
+
+Resume is exact: a checkpoint after step s holds, besides the weights of
+version s, the older versions batches s .. s + max_staleness − 1 are
+sampled by (`lagged`, stored by jaxcorr/train/checkpoints/resume.py), and
+a producer resumed with them (`history`) samples those batches with the
+same weights as the uninterrupted run. Without them (a checkpoint of
+another mode or lag) it starts from the resumed version: `first` is then
+the resumed step, and the first batches are less stale than in the
+uninterrupted run.
 
 The engine may run on its own sub-mesh (`rollout.rollout_devices`): the
 producer's `update_params` then copies the published weights across. A
@@ -47,6 +56,8 @@ class AsyncRollouts:
     num_steps: one past the last step.
     lag: `rollout.max_staleness`.
     queue_size: batches produced ahead of the trainer.
+    history: `{version: weights}` of versions older than `start` that the
+      first batches are sampled by (a checkpoint's `lagged`; module doc).
   """
 
   def __init__(
@@ -59,13 +70,15 @@ class AsyncRollouts:
     num_steps: int,
     lag: int,
     queue_size: int,
+    history: dict[int, Any] | None = None,
   ):
     self.stage = stage
     self.loader = loader
     self.weights = weights
     self.start, self.num_steps, self.lag = start, num_steps, lag
     self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
-    self._published = {start: weights()}
+    self._published = {**(history or {}), start: weights()}
+    self.first = min(self._published)
     self._cond = threading.Condition()
     self._stop = threading.Event()
     self._error: BaseException | None = None
@@ -75,7 +88,15 @@ class AsyncRollouts:
     self._thread.start()
 
   def version_for(self, step: int) -> int:
-    return max(step - self.lag, self.start)
+    return max(step - self.lag, self.first)
+
+  def lagged(self, step: int) -> dict[int, Any]:
+    """`{version: weights}` older than `step` that batches step ..
+    step + lag − 1 are sampled by: what a checkpoint after step `step`
+    holds for an exact resume (module doc)."""
+    needed = {self.version_for(s) for s in range(step, step + self.lag)}
+    with self._cond:
+      return {v: self._published[v] for v in sorted(needed) if v < step}
 
   def publish(self, version: int) -> Metrics:
     """Hand the trainer's weights after step `version - 1` to the

@@ -41,6 +41,12 @@ class RolloutSource(Protocol):
     for the batches still to sample; returns its timing metrics."""
     ...
 
+  def lagged(self, step: int) -> dict[int, Any]:
+    """`{version: weights}` older than `step` that the source samples later
+    batches with: what a checkpoint after step `step` must hold for an
+    exact resume (fixed-lag async only; empty for the others)."""
+    ...
+
   def close(self) -> None: ...
 
 
@@ -77,6 +83,9 @@ class SyncRollouts:
     self.stage.engine.update_params(self.weights(), version=version)
     return {'time/weight_sync': Metric.avg(time.perf_counter() - t0)}
 
+  def lagged(self, step: int) -> dict[int, Any]:
+    return {}
+
   def close(self) -> None:
     pass
 
@@ -88,9 +97,11 @@ def make_rollouts(
   weights: Callable[[], Any],
   *,
   start: int,
+  history: dict[int, Any] | None = None,
 ) -> RolloutSource:
   """The source `rollout.mode` asks for, producing steps
-  `start .. train.num_steps - 1`."""
+  `start .. train.num_steps - 1`; `history`: a checkpoint's lagged weights
+  (`RolloutSource.lagged`)."""
   r = run.rollout
   if r.mode == 'stream':
     return StreamRollouts(
@@ -105,5 +116,6 @@ def make_rollouts(
       num_steps=run.train.num_steps,
       lag=r.max_staleness,
       queue_size=r.queue_size,
+      history=history,
     )
   return SyncRollouts(stage, loader, weights, start=start)

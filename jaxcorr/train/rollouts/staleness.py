@@ -21,11 +21,20 @@ row's last token (its time in the queue). The policies:
 A masked stale token is like any other masked token in every term, the
 correction's sequence-level statistics included: the correction sees the
 one mask `assemble` builds (jaxcorr/train/batch.py).
+
+A batch can be left with no token at all (every row too stale, or an
+engine error): its update trains on nothing. `EmptyBatches` warns on each
+such batch and stops the run after `rollout.max_empty_batches` of them in
+a row, naming the settings to change, as `rollout.max_error_fraction` stops
+a run of ERROR rows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
+from absl import logging
 
 from jaxcorr.rollout import RolloutBatch
 from jaxcorr.train.rollouts.config import STALENESS_POLICIES
@@ -150,3 +159,60 @@ def staleness_metrics(
     for b, frac in enumerate(_hist(g, buckets, n_tok)):
       m[f'staleness/{name}_hist{b}'] = tok(frac)
   return m
+
+
+class EmptyBatches:
+  """Counts batches in a row with no token to train (module doc).
+
+  Args:
+    limit: `rollout.max_empty_batches`, the run of empty batches tolerated.
+    policy, max_staleness, queue_size: the rollout settings the messages
+      name.
+  """
+
+  def __init__(
+    self,
+    *,
+    limit: int,
+    policy: str,
+    max_staleness: int | None,
+    queue_size: int,
+  ):
+    self.limit = limit
+    self.policy, self.max_staleness = policy, max_staleness
+    self.queue_size = queue_size
+    self.in_a_row = 0  # empty batches in a row so far
+
+  def check(
+    self, step: int, valid_tokens: float, metrics: Mapping[str, float]
+  ) -> None:
+    """After the update of batch `step` (`batch/valid_tokens` of the whole
+    batch, and its host `metrics`): warn if it trained on nothing, raise a
+    RuntimeError once more than `limit` did in a row."""
+    if valid_tokens > 0:
+      self.in_a_row = 0
+      return
+    self.in_a_row += 1
+    stale = metrics.get('rollout/stale_dropped_fraction', 0.0)
+    errors = metrics.get('rollout/finish_error_fraction', 0.0)
+    errors += metrics.get('rollout/finish_abort_fraction', 0.0)
+    if stale > 0 or errors == 0:
+      why = (
+        f'{stale:.0%} of the rows dropped as staler than '
+        f'rollout.max_staleness={self.max_staleness} '
+        f'(rollout.staleness_policy={self.policy!r})'
+      )
+      fix = (
+        "rollout.staleness_policy='wait', a larger rollout.max_staleness "
+        f'or a smaller rollout.queue_size (now {self.queue_size})'
+      )
+    else:
+      why = f'{errors:.0%} of the rows are engine ERROR or ABORT rows'
+      fix = 'the engine (its log says why it failed the rows)'
+    msg = f'step {step + 1} trained on nothing: no response token left ({why})'
+    if self.in_a_row > self.limit:
+      raise RuntimeError(
+        f'{msg}; {self.in_a_row} such batches in a row > '
+        f'rollout.max_empty_batches={self.limit}: change {fix}'
+      )
+    logging.warning('%s; check %s', msg, fix)

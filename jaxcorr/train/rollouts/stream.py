@@ -23,8 +23,16 @@ The staleness bound L = `rollout.max_staleness` (`rollout.staleness_policy`):
 * 'wait': draw d is submitted only once the engine holds version >= d - L,
   and versions only grow, so every token's staleness is <= L; the engine
   waits for the trainer when it is that far ahead.
-* 'drop' / 'mask': the engine never waits for weights; the trainer drops the
-  rows (or masks the tokens) staler than L (jaxcorr/train/batch.py).
+* 'drop' / 'mask': draws are submitted without waiting for weights; the
+  trainer drops the rows (or masks the tokens) staler than L
+  (jaxcorr/train/batch.py). The producer decodes a chunk only if a draw
+  in flight is at most L versions ahead of the engine's weights (the
+  chunk samples a token that trains), else it waits for newer weights:
+  without that bound it ran as far ahead as its queues allow, and every
+  batch from the third on was dropped whole. With `queue_size` 1 no token
+  is lost; with more, rows of the younger draws sampled alongside the
+  oldest may be (`rollout/token_keep_fraction`). A run of batches with
+  nothing left stops the run (`staleness.EmptyBatches`).
 
 Draws run at most `rollout.queue_size` ahead of the oldest unfinished one,
 and finished batches wait in a queue of that size.
@@ -173,6 +181,10 @@ class StreamRollouts:
       self._cond.notify_all()
     return {'time/publish': Metric.avg(time.perf_counter() - t0)}
 
+  def lagged(self, step: int) -> dict[int, Any]:
+    # Rows in flight are not saved (module doc, "Resume").
+    return {}
+
   def close(self) -> None:
     self._stop.set()
     with self._cond:
@@ -192,8 +204,9 @@ class StreamRollouts:
         while self._may_submit(next_draw, emitted):
           draws[next_draw] = self._submit(next_draw)
           next_draw += 1
-        if not self.decoder.busy:
-          # Nothing may start before newer weights arrive.
+        if not self.decoder.busy or not self._trains(draws):
+          # Nothing may start, or nothing the next chunk samples would
+          # train, before newer weights arrive.
           self._wait(lambda: self._newest() > engine.policy_version)
           continue
         for req in self.decoder.advance():
@@ -205,6 +218,15 @@ class StreamRollouts:
           emitted += 1
     except BaseException as e:
       self._error = e
+
+  def _trains(self, draws: dict) -> bool:
+    """Whether the next chunk samples a token that trains: one of a draw
+    at most `lag` versions ahead of the engine's weights (draw d trains at
+    version d). 'drop' and 'mask' lose the others' tokens, so a producer
+    with only those in flight waits for the trainer instead of running
+    away; 'wait' never submits one."""
+    v = self.stage.engine.policy_version
+    return any(d - v <= self.lag for d, draw in draws.items() if draw.pending)
 
   def _newest(self) -> int:
     with self._cond:

@@ -12,10 +12,11 @@ holding them.
 `read_metrics` turns `null` back into NaN. Every line is flushed when
 written; a line cut short by a crash is dropped when the file is reopened.
 
-On resume the trainer calls `truncate_after(step)`: lines of steps after the
-restored checkpoint are dropped (a new file is written and renamed over the
-old one, so a crash never leaves half a file), and the resumed run appends
-from there, so every step appears once.
+On resume the trainer calls `resume(step)`: lines of steps after the
+restored checkpoint are dropped (`truncate_after`: a new file is written and
+renamed over the old one, so a crash never leaves half a file), and the
+resumed run appends from there, so every step appears once. At step 0 the
+step-0 line goes too: its evaluation follows checkpoint 0 and runs again.
 
 TensorBoard files go to `<workdir>/tensorboard/`, one
 `events.out.tfevents.*` file per writer, one scalar summary per metric,
@@ -40,6 +41,7 @@ from typing import Any, TextIO
 import jax
 import numpy as np
 
+from jaxcorr.train.tracker.step_rate import StepRate, compile_seconds
 from jaxcorr.train.tracker.tensorboard import EventFile
 
 JSONL = 'metrics.jsonl'
@@ -191,6 +193,13 @@ class MetricWriter:
     if self._tb is not None:
       self._tb.scalars(step, {k: float(v) for k, v in values.items()})
 
+  def resume(self, step: int) -> None:
+    """Before a run resumed from checkpoint `step` (0: none, or the one
+    after the SFT warm-up) writes: drop the lines it writes again, so each
+    step appears once. Those after `step`, and at 0 also step 0's, the
+    evaluation that follows checkpoint 0."""
+    self.truncate_after(step if step > 0 else -1)
+
   def truncate_after(self, step: int) -> None:
     """Drop the lines of steps after `step` (resume from checkpoint `step`).
 
@@ -275,9 +284,10 @@ class ProgressLine:
 
       step 12/100 | reward/mean 0.531 | 1.23 s/step | ETA 1m48s
 
-  Seconds per step and the ETA use an exponential moving average of the
-  step times given (weight `smoothing` on the newest), so one slow step
-  (compilation, evaluation, a checkpoint) does not swing the estimate.
+  Seconds per step and the ETA come from `step_rate.StepRate`: the first
+  step and the steps that mostly compiled (`step_rate.compile_seconds`, in
+  every thread) are left out, and from the others their compile time, so
+  the line shows them from the first step that did not compile on.
 
   Args:
     total_steps: the last step.
@@ -285,6 +295,7 @@ class ProgressLine:
     stream: where to print (default: `sys.stderr` at the time of printing).
     every: print when `step % every == 0`, and at the last step.
     smoothing: the moving average's weight on the newest step time.
+    compile_steps: leading step times left out of the rate.
     enabled: print at all; default: only on process 0 (`update` still
       returns the line elsewhere).
   """
@@ -297,19 +308,23 @@ class ProgressLine:
     stream: TextIO | None = None,
     every: int = 1,
     smoothing: float = 0.1,
+    compile_steps: int = 1,
     enabled: bool | None = None,
   ):
     if every < 1:
       raise ValueError(f'every must be >= 1, got {every}')
-    if not 0 < smoothing <= 1:
-      raise ValueError(f'smoothing must be in (0, 1], got {smoothing}')
     self.total_steps = int(total_steps)
     self.keys = tuple(keys)
     self.stream = stream
     self.every = every
-    self.smoothing = smoothing
+    self.rate = StepRate(smoothing=smoothing, compile_steps=compile_steps)
+    # (step, compile seconds) at the last update.
+    self._last: tuple[int | None, float] = (None, compile_seconds())
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
-    self.seconds_per_step: float | None = None
+
+  @property
+  def seconds_per_step(self) -> float | None:
+    return self.rate.value
 
   def update(
     self,
@@ -319,22 +334,23 @@ class ProgressLine:
   ) -> str | None:
     """Record a step time and print the line if `step` is due; returns the
     printed line (None when not due)."""
-    if seconds_per_step is not None and math.isfinite(seconds_per_step):
-      x = max(float(seconds_per_step), 0.0)
-      ema = self.seconds_per_step
-      self.seconds_per_step = (
-        x if ema is None else ema + self.smoothing * (x - ema)
-      )
+    compiled = compile_seconds()
+    last_step, last_compiled = self._last
+    self._last = (step, compiled)
+    if seconds_per_step is not None:
+      # The compile time since the last update, spread over its steps.
+      steps = max(step - last_step, 1) if last_step is not None else 1
+      self.rate.add(seconds_per_step, (compiled - last_compiled) / steps)
     if step % self.every and step != self.total_steps:
       return None
     parts = [f'step {step}/{self.total_steps}']
     parts += [
       f'{k} {_format_value(metrics[k])}' for k in self.keys if k in metrics
     ]
-    if self.seconds_per_step is not None:
-      remaining = max(self.total_steps - step, 0) * self.seconds_per_step
-      parts.append(f'{self.seconds_per_step:.3g} s/step')
-      parts.append(f'ETA {format_duration(remaining)}')
+    eta = self.rate.eta(self.total_steps - step)
+    if eta is not None:
+      parts.append(f'{self.rate.value:.3g} s/step')
+      parts.append(f'ETA {format_duration(eta)}')
     line = ' | '.join(parts)
     if self.enabled:
       stream = sys.stderr if self.stream is None else self.stream

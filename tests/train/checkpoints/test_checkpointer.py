@@ -462,3 +462,47 @@ def test_leftovers_of_a_failed_restore_are_dropped_and_nothing_else(caplog):
   finally:
     sys.unraisablehook = previous
   assert [str(u.exc_value) for u in seen] == ['other']
+
+
+def test_save_on_a_full_disk_is_one_line_naming_the_workdir(
+  tmp_path, monkeypatch, caplog
+):
+  """ENOSPC injected into the save: one `DiskFull` line naming the workdir
+  and its free space, and orbax's copies of the error (logged from its
+  writer threads before the save raises) left off the console."""
+  import errno
+
+  import orbax.checkpoint as ocp
+  from absl import logging as absl_logging
+
+  from configs import arith_tiny
+  from jaxcorr.train import run_config
+  from jaxcorr.train.checkpoints.disk_full import DiskFull
+  from jaxcorr.train.checkpoints.resume import Progress, RunCheckpoints
+
+  run = run_config.build(arith_tiny.get_config('pulse'))
+  workdir = str(tmp_path / 'run')
+  ckpts = RunCheckpoints(workdir, run, 'pulse')
+  ckpts.save(Progress(0), _small(), None, force=True)
+  no_space = os.strerror(errno.ENOSPC)
+
+  def full(*args, **kwargs):
+    # What orbax logs from each writer thread, then raises.
+    absl_logging.error('_SignalingThread.run() raised: %s', no_space)
+    raise OSError(errno.ENOSPC, no_space, f'{workdir}/checkpoints/3')
+
+  monkeypatch.setattr(ocp.CheckpointManager, 'save', full)
+  with pytest.raises(DiskFull) as e:
+    ckpts.save(Progress(3), _small(), None, force=True)
+  msg = str(e.value)
+  assert '\n' not in msg and e.value.__cause__ is None
+  assert msg.startswith(
+    f'checkpoint step 3 not written: no space left on the device of {workdir} ('
+  )
+  assert ' free); ' in msg and msg.endswith('resume from step 0')
+  assert not [r for r in caplog.records if no_space in r.getMessage()]
+  # Any other failure is left as it is.
+  monkeypatch.setattr(ocp.CheckpointManager, 'save', lambda *a, **k: 1 / 0)
+  with pytest.raises(ZeroDivisionError):
+    ckpts.save(Progress(4), _small(), None, force=True)
+  ckpts.checkpointer.close()

@@ -112,3 +112,44 @@ def test_config_changes_lists_added_and_removed_fields():
     {'a': {'x': 1, 'z': 3}, 'train': {'num_steps': 9}},
   )
   assert changes == [('a.y', 2, '(absent)'), ('a.z', '(absent)', 3)]
+
+
+def test_config_json_cut_short_is_an_error_naming_it(tmp_path):
+  saved = _saved_run(tmp_path, pulse_config())
+  (tmp_path / 'config.json').write_text(saved[: len(saved) // 2])
+  with pytest.raises(workdir_lib.ConfigUnreadable) as e:
+    workdir_lib.claim(str(tmp_path), pulse_config())
+  assert str(tmp_path / 'config.json') in str(e.value)
+  assert 'not valid JSON' in str(e.value) and '\n' not in str(e.value)
+  # The refusal released the lock.
+  (tmp_path / 'config.json').write_text(saved)
+  workdir_lib.claim(str(tmp_path), pulse_config()).release()
+
+
+def test_without_config_json_the_checkpoint_refuses_a_changed_config(
+  tmp_path,
+):
+  """Every checkpoint holds the run's config: deleting config.json does not
+  let a changed learning rate resume silently; --allow_config_change
+  still does."""
+  config = pulse_config()
+  config.train.num_steps = 1
+  config.train.eval_every = 0
+  Trainer(config, str(tmp_path)).train()
+  (tmp_path / 'config.json').unlink()
+  metrics = (tmp_path / 'metrics.jsonl').read_text()
+  changed = config.copy_and_resolve_references()
+  changed.optim.learning_rate = 2e-3
+  with pytest.raises(
+    workdir_lib.ConfigChanged,
+    match=r'config.optim.learning_rate: .*from checkpoint step 1.*--allow',
+  ):
+    Trainer(changed, str(tmp_path)).train()
+  assert (tmp_path / 'metrics.jsonl').read_text() == metrics
+  assert not (tmp_path / 'config.json').exists()
+  changed.train.num_steps = 2
+  trainer = Trainer(changed, str(tmp_path), allow_config_change=True)
+  trainer.train()
+  assert trainer.step == 2
+  saved = json.loads((tmp_path / 'config.json').read_text())
+  assert saved['optim']['learning_rate'] == 2e-3

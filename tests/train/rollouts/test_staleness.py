@@ -474,3 +474,55 @@ def test_version_gap_outside_bypass_mode_is_an_error():
       old_logp=x,
       version_gap=jnp.zeros((2, 3), jnp.int32),
     )
+
+
+def test_a_run_of_batches_with_nothing_left_warns_then_stops(caplog):
+  """`RLStep` with 'drop' on batches whose every row is staler than the
+  bound: each is a warning naming the settings to change, and one more
+  than `rollout.max_empty_batches` (2) in a row stops the run; a batch
+  with tokens in between starts the count afresh."""
+  c = pulse_config(
+    'decoupled_token_is',
+    rollout__mode='stream',
+    rollout__max_staleness=MAX_STALE,
+    rollout__staleness_policy='drop',
+    rollout__samples_per_prompt=4,
+  )
+  run = build.build(c)
+  assert run.rollout.max_empty_batches == 2
+  mesh = one_device_mesh()
+  state, steps = fresh_train_state(run, mesh)
+  rl = RLStep(run, steps, mesh, vocab_size=run.model.vocab_size, batch_shards=1)
+  stale = [[v if v < 0 else 0 for v in row] for row in VERSIONS]
+  reward = np.random.default_rng(0).integers(0, 2, len(VERSIONS))
+
+  def step(versions):
+    nonlocal state  # the update donates it
+    scored = Scored(
+      step=TV,
+      batch=rollout_batch(versions, FINISH),
+      rewards=reward.astype(np.float32),
+      metrics={},
+    )
+    state, out = rl(state, None, scored, TV)
+    return out
+
+  assert step(stale)['batch/valid_tokens'] == 0
+  assert step(VERSIONS)['batch/valid_tokens'] > 0  # the count restarts
+  step(stale)
+  step(stale)
+  warnings = [r.getMessage() for r in caplog.records]
+  warnings = [w for w in warnings if 'trained on nothing' in w]
+  assert len(warnings) == 3
+  assert warnings[0].startswith(
+    'step 6 trained on nothing: no response token left (86% of the rows '
+    'dropped as staler than rollout.max_staleness=2 (rollout.staleness_'
+    "policy='drop')); check rollout.staleness_policy='wait'"
+  )
+  with pytest.raises(
+    RuntimeError,
+    match=r'3 such batches in a row > rollout.max_empty_batches=2: change '
+    r"rollout.staleness_policy='wait', a larger rollout.max_staleness or a "
+    r'smaller rollout.queue_size',
+  ):
+    step(stale)

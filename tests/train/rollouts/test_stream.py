@@ -63,3 +63,28 @@ def test_latest_stream_with_recomputed_caches_trains(tmp_path):
   for r in rows:
     assert r['rollout/staleness_max'] <= 2
     assert np.isfinite(r['actor/pg_loss'])
+
+
+@pytest.mark.parametrize(
+  'policy, max_staleness, queue_size', [('drop', 1, 1), ('mask', 1, 2)]
+)
+def test_drop_and_mask_producers_wait_instead_of_running_away(
+  tmp_path, policy, max_staleness, queue_size
+):
+  """Without the bound the engine outran the trainer by the whole queue:
+  every token was staler than max_staleness from step 3 on and the run
+  trained on nothing (`batch/valid_tokens` 0). The producer now decodes
+  only while a draw in flight can still train."""
+  config = _config(
+    rollout__staleness_policy=policy,
+    rollout__max_staleness=max_staleness,
+    rollout__queue_size=queue_size,
+  )
+  config.train.num_steps = 6
+  _, rows = _run(config, tmp_path)
+  assert len(rows) == 6
+  for r in rows:
+    assert r['batch/valid_tokens'] > 0, r['step']
+  if queue_size == 1:  # one draw in flight: nothing is ever stale
+    assert all(r['rollout/token_keep_fraction'] == 1 for r in rows)
+    assert max(r['rollout/staleness_max'] for r in rows) == max_staleness

@@ -1,5 +1,8 @@
-"""Resuming `rollout.mode='stream'` with weight_sync='scheduled' is exact
-from a periodic checkpoint (jaxcorr/train/rollouts/stream.py, "Resume").
+"""Resuming the asynchronous modes is exact: `rollout.mode='stream'` with
+weight_sync='scheduled' from a periodic checkpoint
+(jaxcorr/train/rollouts/stream.py, "Resume"), and fixed-lag
+`rollout.mode='async'` from any checkpoint
+(jaxcorr/train/rollouts/fixed_lag.py; the last test).
 
 Runs of `tests/helpers/multihost_driver.py` (1 process, 8 CPU devices; the pulse
 config with its scattering reward, so every update moves the weights) in
@@ -24,10 +27,12 @@ from __future__ import annotations
 
 import json
 import pathlib
+import signal
 
 import numpy as np
 
 from tests.helpers import multihost_jobs as jobs
+from tests.helpers import process_group
 from tests.helpers.stream_metrics import assert_bounded_and_mixed
 
 CHECKPOINT = 3
@@ -125,3 +130,70 @@ def test_stream_resume_from_a_checkpoint_is_exact(tmp_path):
     assert _metrics(tmp_path / run) == full_metrics
   # The versions are different weights: each step moves them.
   assert jobs.max_diff(final, jobs.params(params, 'full/step0')) > 1e-5
+
+
+# --------------------------------------------------------- fixed-lag async
+
+LAG = 2
+ASYNC = (
+  'rollout.mode=async',
+  f'rollout.max_staleness={LAG}',
+  'rollout.queue_size=2',
+  'train.checkpoint_every=2',
+)
+
+
+def _driver(root: pathlib.Path, names, extra) -> tuple[int, str]:
+  """One process x 8 devices of tests/multihost_driver.py training the
+  workdirs `names` of `root` in turn; (exit code, output)."""
+  argv = [
+    str(jobs.DRIVER),
+    '--devices=8',
+    f'--preset={jobs.PRESET}',
+    *(f'--workdir={root / name}' for name in names),
+    f'--out={root / names[0]}.npz',
+    f'--num_steps={STEPS}',
+    f'--compile_cache={root / "compile_cache"}',
+    *(f'--set={s}' for s in ASYNC),
+    *extra,
+  ]
+  env = process_group.clean_env(XLA_FLAGS='--xla_backend_optimization_level=0')
+  [(code, out)] = process_group.run_group(
+    [argv], env=env, timeout_s=jobs.TIMEOUT_S
+  )
+  return code, out
+
+
+def test_fixed_lag_resume_after_sigterm_or_sigkill_is_exact(tmp_path):
+  """`rollout.mode='async'`, max_staleness 2, checkpoint every 2 steps, the
+  scattering reward (every update moves the weights):
+
+  * `full`: 6 steps uninterrupted;
+  * `cut`: SIGTERM after step 3, a preemption checkpoint between periodic
+    ones with batches 4 and 5 (versions 1, 2) in the pipeline;
+  * `kill`: SIGKILL once step 5's metrics line is written: resumed from
+    checkpoint 4, step 5 is trained (and logged) again.
+
+  Each checkpoint holds the older weights its next batches are sampled by,
+  so both resumed runs write the full run's metrics.jsonl and end with its
+  parameters, bit for bit. Before, the first batches after a resume were
+  sampled by the resumed weights (`rollout/policy_version` 3 for 1)."""
+  code, out = _driver(
+    tmp_path, ('full', 'cut', 'kill'), ['--preempt=cut:3', '--kill=kill:5']
+  )
+  assert code == -signal.SIGKILL, out[-6000:]
+  assert [r['step'] for r in _metrics(tmp_path / 'kill')] == [1, 2, 3, 4, 5]
+  code, out = _driver(tmp_path, ('full', 'cut', 'kill'), [])
+  assert code == 0 and 'DONE process 0' in out, out[-6000:]
+  params = _load(tmp_path / 'full.npz')
+  full = _metrics(tmp_path / 'full')
+  assert [r['step'] for r in full] == list(range(1, STEPS + 1))
+  # Version max(s - 2, 0) samples batch s (s from 0); updates are not zero.
+  assert [r['rollout/policy_version'] for r in full] == [0, 0, 0, 1, 2, 3]
+  assert [r['rollout/staleness_max'] for r in full] == [0, 1, 2, 2, 2, 2]
+  assert min(r['actor/grad_norm'] for r in full) > 0
+  final = jobs.params(params, 'full/final')
+  assert jobs.max_diff(final, jobs.params(params, 'full/step2')) > 1e-5
+  for run in ('cut', 'kill'):
+    assert _metrics(tmp_path / run) == full, run
+    _assert_same(jobs.params(params, f'{run}/final'), final, run)
