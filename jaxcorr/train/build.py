@@ -42,6 +42,7 @@ from jaxcorr.train.policy import ModelConfig
 from jaxcorr.train.rollouts.config import RolloutConfig
 from jaxcorr.train.run_config import AlgorithmConfig, RunConfig, TrainConfig
 from jaxcorr.train.state import OptimConfig
+from jaxcorr.train.tracker import sinks
 
 SECTIONS: dict[str, type] = {
   'model': ModelConfig,
@@ -212,7 +213,10 @@ def check_combinations(run: RunConfig) -> None:
 def check_components(run: RunConfig) -> None:
   """Start-up checks that run a component's code (no device, no file):
   `config.data.prompt_template` formats (`jaxcorr.data.prompts.format_prompt`
-  on an empty prompt) and every function of `config.reward.functions` is
-  registered now (`jaxcorr.rewards.check_spec`)."""
+  on an empty prompt), every function of `config.reward.functions` is
+  registered now (`jaxcorr.rewards.check_spec`) and the package of every
+  logger of `config.train.loggers` is installed
+  (`jaxcorr.train.tracker.sinks.check_installed`)."""
   prompts.format_prompt(run.data.prompt_template, Example('', ''))
   rewards.check_spec(rewards.parse_spec(run.reward.functions))
+  sinks.check_installed(run.train.loggers)

@@ -10,7 +10,7 @@ together (docs/architecture.md draws the data flow).
     rollouts    rollouts/source.py    sync; fixed_lag.py, stream.py beside it
     RL step     rl_step.py            validate ─ assemble ─ prepare ─ update
     evaluation  evaluation.py         greedy accuracy on held-out prompts
-    metrics     tracker/metrics.py    metrics.jsonl, TensorBoard, progress
+    metrics     tracker/metrics.py    metrics.jsonl, the loggers, progress
 
 Versions: the engine's policy version is the number of RL steps whose
 update produced its weights, so the trainer version at step s is s and a
@@ -26,6 +26,7 @@ in sync mode the resumed run is bit-identical to an uninterrupted one
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -49,7 +50,7 @@ from jaxcorr.train.rollouts.source import RolloutSource, make_rollouts
 from jaxcorr.train.rollouts.stage import RolloutStage, Scored, make_engine
 from jaxcorr.train.rollouts.weights import copy_tree, engine_params
 from jaxcorr.train.run_config import RunConfig
-from jaxcorr.train.tracker import metrics, reduction
+from jaxcorr.train.tracker import metrics, reduction, sinks
 
 
 class Trainer:
@@ -130,8 +131,21 @@ class Trainer:
       workdir, run, config_name, self.process_count
     )
     self.checkpointer = self.checkpoints.checkpointer
+    t = run.train
     self.writer = metrics.MetricWriter(
-      workdir, tensorboard=run.train.tensorboard, enabled=primary
+      workdir,
+      sinks=sinks.open_sinks(
+        t.loggers,
+        workdir,
+        config=json.loads(config.to_json()),
+        project=t.project,
+        run_name=t.run_name,
+        wandb_entity=t.wandb_entity,
+        mlflow_tracking_uri=t.mlflow_tracking_uri,
+      )
+      if primary
+      else (),
+      enabled=primary,
     )
     self.step = 0
     self.sft_done = run.train.sft_steps == 0
