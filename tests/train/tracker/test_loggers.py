@@ -152,8 +152,10 @@ def test_training_goes_on_when_loggers_raise(offline, monkeypatch, caplog):
 
   monkeypatch.setattr(sinks, 'open_sinks', with_raising)
   config = pulse_config(
-    train__num_steps=2,
-    train__eval_every=2,
+    train__sft_steps=0,
+    train__num_steps=1,
+    train__eval_every=1,
+    train__checkpoint_every=0,
     train__loggers='tensorboard,wandb,mlflow',
     train__mlflow_tracking_uri=f'file:{workdir / "mlruns"}',
   )
@@ -161,7 +163,7 @@ def test_training_goes_on_when_loggers_raise(offline, monkeypatch, caplog):
   trainer.train()
   trainer.close()
   rows = metrics.read_metrics(str(workdir))
-  assert [r['step'] for r in rows] == [0, 1, 2]
+  assert [r['step'] for r in rows] == [0, 1]
   assert 'logger raising disabled' in caplog.text
   wb_config, wb = wandb_run(workdir)
   assert wb_config['train']['loggers'] == 'tensorboard,wandb,mlflow'
@@ -183,7 +185,7 @@ def test_training_goes_on_when_loggers_raise(offline, monkeypatch, caplog):
 )
 def test_loggers_config_errors(value, why):
   config = pulse_config(train__loggers=value)
-  with pytest.raises(ValueError, match='config.train.loggers') as e:
+  with pytest.raises(ValueError, match=r'config\.train\.loggers') as e:
     build.build(config)
   assert why in str(e.value) and "'mlflow'" in str(e.value)
 
