@@ -54,7 +54,15 @@ setup(
       'nbclient>=0.10',
       'nbformat>=5.10',
       'ipykernel>=6.29',
+      # The loggers' tests (tests/train/tracker/test_loggers.py): W&B
+      # offline and a local MLflow file store.
+      'wandb>=0.19',
+      'mlflow-skinny>=3.0',
     ],
+    # train.loggers (docs/evaluation.md).
+    'wandb': ['wandb>=0.19'],
+    # The client and the local file store; a database store needs mlflow.
+    'mlflow': ['mlflow-skinny>=3.0'],
     # bench/compare_tunix.py only (not CI); its pins may clash with the
     # above: usually installed in a venv of its own (see that file).
     'bench': ['google-tunix==0.1.7'],
