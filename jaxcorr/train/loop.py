@@ -53,6 +53,25 @@ from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.tracker import metrics, reduction, sinks
 
 
+def _metric_writer(
+  run: RunConfig, workdir: str, config: ml_collections.ConfigDict, primary: bool
+) -> metrics.MetricWriter:
+  """metrics.jsonl and the loggers of `train.loggers` (process 0 only)."""
+  if not primary:
+    return metrics.MetricWriter(workdir, enabled=False)
+  t = run.train
+  opened = sinks.open_sinks(
+    t.loggers,
+    workdir,
+    config=json.loads(config.to_json()),
+    project=t.project,
+    run_name=t.run_name,
+    wandb_entity=t.wandb_entity,
+    mlflow_tracking_uri=t.mlflow_tracking_uri,
+  )
+  return metrics.MetricWriter(workdir, sinks=opened)
+
+
 class Trainer:
   """One run of `jaxcorr.main` (see the module docstring). From a
   ConfigDict (notebooks, benchmarks, tests), in one line:
@@ -131,22 +150,7 @@ class Trainer:
       workdir, run, config_name, self.process_count
     )
     self.checkpointer = self.checkpoints.checkpointer
-    t = run.train
-    self.writer = metrics.MetricWriter(
-      workdir,
-      sinks=sinks.open_sinks(
-        t.loggers,
-        workdir,
-        config=json.loads(config.to_json()),
-        project=t.project,
-        run_name=t.run_name,
-        wandb_entity=t.wandb_entity,
-        mlflow_tracking_uri=t.mlflow_tracking_uri,
-      )
-      if primary
-      else (),
-      enabled=primary,
-    )
+    self.writer = _metric_writer(run, workdir, config, primary)
     self.step = 0
     self.sft_done = run.train.sft_steps == 0
     self.preempted = False  # train() stopped on SIGTERM / Ctrl-C
