@@ -57,6 +57,10 @@ setup(
       # tests/rewards/test_math_verify.py, tests/data/test_reasoning_gym.py.
       'math-verify>=0.9,<0.10',
       'reasoning-gym==0.1.25',
+      # The loggers' tests (tests/train/tracker/test_loggers.py): W&B
+      # offline and a local MLflow file store.
+      'wandb>=0.19',
+      'mlflow-skinny>=3.0',
     ],
     # The math_verify reward (jaxcorr.rewards.verifiers): math-verify brings
     # sympy and an ANTLR LaTeX parser, which a trainer on its own tasks
@@ -67,6 +71,10 @@ setup(
     # Pinned: the rows a seed generates are the package's code, and a
     # resume must see the same rows.
     'reasoning_gym': ['reasoning-gym==0.1.25'],
+    # train.loggers (docs/evaluation.md).
+    'wandb': ['wandb>=0.19'],
+    # The client and the local file store; a database store needs mlflow.
+    'mlflow': ['mlflow-skinny>=3.0'],
     # bench/compare_tunix.py only (not CI); its pins may clash with the
     # above: usually installed in a venv of its own (see that file).
     'bench': ['google-tunix==0.1.7'],

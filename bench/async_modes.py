@@ -84,7 +84,7 @@ def make_config(args: argparse.Namespace, mode: str):
   config.train.num_steps = 10_000  # sources are built per block
   config.train.eval_every = 0
   config.train.checkpoint_every = 0
-  config.train.tensorboard = False
+  config.train.loggers = 'jsonl'
   config.train.ppo_epochs = args.epochs
   return config
 

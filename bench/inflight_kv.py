@@ -57,7 +57,7 @@ def run(kv: str, seed: int, steps: int, workdir: pathlib.Path) -> list[dict]:
   c.train.num_steps = steps
   c.train.eval_every = 0
   c.train.checkpoint_every = 0
-  c.train.tensorboard = False
+  c.train.loggers = 'jsonl'
   trainer = Trainer.from_config(c, str(workdir), config_name='bench')
   trainer.train()
   trainer.close()

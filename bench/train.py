@@ -77,7 +77,7 @@ def main() -> None:
   config.train.num_steps = args.steps + 1
   config.train.eval_every = 0
   config.train.checkpoint_every = 0
-  config.train.tensorboard = False
+  config.train.loggers = 'jsonl'
   with tempfile.TemporaryDirectory() as workdir:
     trainer = Trainer.from_config(config, workdir)
     cfg = transformer_config(trainer.run.model)

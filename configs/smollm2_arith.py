@@ -81,7 +81,7 @@ def apply_task(
   config.train.eval_every = 16
   config.train.eval_prompts = 200
   config.train.checkpoint_every = 8
-  config.train.tensorboard = False
+  config.train.loggers = 'jsonl'
   config.optim.learning_rate = 2e-5
   config.optim.warmup_steps = 2
   config.optim.schedule = 'constant'

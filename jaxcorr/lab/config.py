@@ -103,7 +103,7 @@ SMALL: dict[str, Any] = {
 # (docs/training.md); the lab keeps its setup so its commands regenerate
 # its table's configuration.
 LAB: dict[str, Any] = {
-  'train.tensorboard': False,
+  'train.loggers': 'jsonl',
   'train.log_every': 10,
   'train.checkpoint_every': 0,
   'train.keep_checkpoints': 1,

@@ -43,6 +43,7 @@ from jaxcorr.train.policy import ModelConfig
 from jaxcorr.train.rollouts.config import RolloutConfig
 from jaxcorr.train.run_config import AlgorithmConfig, RunConfig, TrainConfig
 from jaxcorr.train.state import OptimConfig
+from jaxcorr.train.tracker import sinks
 
 SECTIONS: dict[str, type] = {
   'model': ModelConfig,
@@ -215,11 +216,13 @@ def check_components(run: RunConfig) -> None:
   `config.data.prompt_template` formats (`jaxcorr.data.prompts.format_prompt`
   on an empty prompt), every function of `config.reward.functions` is
   registered now (`jaxcorr.rewards.check_spec`) and has its verifier package
-  (`jaxcorr.rewards.check_installed`), and a reasoning-gym source names
-  known tasks and a working task config
-  (`jaxcorr.data.reasoning_gym.check`)."""
+  (`jaxcorr.rewards.check_installed`), a reasoning-gym source names known
+  tasks and a working task config (`jaxcorr.data.reasoning_gym.check`), and
+  the package of every logger of `config.train.loggers` is installed
+  (`jaxcorr.train.tracker.sinks.check_installed`)."""
   prompts.format_prompt(run.data.prompt_template, Example('', ''))
   names, _ = rewards.check_spec(rewards.parse_spec(run.reward.functions))
   rewards.check_installed(names)
   if run.data.source == 'reasoning_gym':
     reasoning_gym.check(run.data, names, run.train.sft_steps)
+  sinks.check_installed(run.train.loggers)

@@ -10,7 +10,7 @@ together (docs/architecture.md draws the data flow).
     rollouts    rollouts/source.py    sync; fixed_lag.py, stream.py beside it
     RL step     rl_step.py            validate ─ assemble ─ prepare ─ update
     evaluation  evaluation.py         greedy accuracy on held-out prompts
-    metrics     tracker/metrics.py    metrics.jsonl, TensorBoard, progress
+    metrics     tracker/metrics.py    metrics.jsonl, the loggers, progress
 
 Versions: the engine's policy version is the number of RL steps whose
 update produced its weights, so the trainer version at step s is s and a
@@ -27,6 +27,7 @@ older weights its pipeline samples with, `RolloutSource.lagged`).
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -50,7 +51,26 @@ from jaxcorr.train.rollouts.source import RolloutSource, make_rollouts
 from jaxcorr.train.rollouts.stage import RolloutStage, Scored, make_engine
 from jaxcorr.train.rollouts.weights import copy_tree, engine_params
 from jaxcorr.train.run_config import RunConfig
-from jaxcorr.train.tracker import metrics, reduction
+from jaxcorr.train.tracker import metrics, reduction, sinks
+
+
+def _metric_writer(
+  run: RunConfig, workdir: str, config: ml_collections.ConfigDict, primary: bool
+) -> metrics.MetricWriter:
+  """metrics.jsonl and the loggers of `train.loggers` (process 0 only)."""
+  if not primary:
+    return metrics.MetricWriter(workdir, enabled=False)
+  t = run.train
+  opened = sinks.open_sinks(
+    t.loggers,
+    workdir,
+    config=json.loads(config.to_json()),
+    project=t.project,
+    run_name=t.run_name,
+    wandb_entity=t.wandb_entity,
+    mlflow_tracking_uri=t.mlflow_tracking_uri,
+  )
+  return metrics.MetricWriter(workdir, sinks=opened)
 
 
 class Trainer:
@@ -131,9 +151,7 @@ class Trainer:
       workdir, run, config_name, config=config, allow_change=allow_config_change
     )
     self.checkpointer = self.checkpoints.checkpointer
-    self.writer = metrics.MetricWriter(
-      workdir, tensorboard=run.train.tensorboard, enabled=primary
-    )
+    self.writer = _metric_writer(run, workdir, config, primary)
     self.step = 0
     self.sft_done = run.train.sft_steps == 0
     self.preempted = False  # train() stopped on SIGTERM / Ctrl-C

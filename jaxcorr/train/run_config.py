@@ -30,6 +30,7 @@ from jaxcorr.config.fields import (
   canonical,
   integer,
   setting,
+  text,
   validate,
 )
 from jaxcorr.data.config import DataConfig
@@ -43,6 +44,7 @@ from jaxcorr.train.critic import CriticConfig
 from jaxcorr.train.policy import ModelConfig
 from jaxcorr.train.rollouts.config import RolloutConfig
 from jaxcorr.train.state import OptimConfig
+from jaxcorr.train.tracker import sinks
 
 _POS, _NAT = integer(1), integer(0)
 
@@ -84,8 +86,27 @@ class TrainConfig:
   seed: int = setting(
     0, _NAT, 'Root seed: init, data order, sampling, mini-batch shuffles.'
   )
-  tensorboard: bool = setting(
-    True, boolean, 'TensorBoard event files next to metrics.jsonl.'
+  loggers: str = setting(
+    'tensorboard',
+    sinks.loggers_rule,
+    'Where metrics go besides metrics.jsonl (always written): a comma list '
+    'of tensorboard, jsonl, wandb, mlflow; jsonl alone: no other logger '
+    '(docs/evaluation.md).',
+  )
+  project: str = setting(
+    'jaxcorr', text, 'The W&B project and the MLflow experiment.'
+  )
+  run_name: str = setting(
+    '', text, "The W&B / MLflow run name ('': the workdir's basename)."
+  )
+  wandb_entity: str = setting(
+    '', text, "The W&B entity (team or user; '': W&B's default)."
+  )
+  mlflow_tracking_uri: str = setting(
+    '',
+    text,
+    "The MLflow tracking store ('': MLFLOW_TRACKING_URI, else a file "
+    'store under <workdir>/mlruns).',
   )
   log_every: int = setting(1, _POS, 'Console progress line every N steps.')
 

@@ -241,7 +241,7 @@ def main(argv: list[str]) -> None:
     train__num_steps=args.num_steps,
     train__sft_steps=args.sft_steps,
     train__eval_every=0,
-    train__tensorboard=False,
+    train__loggers='jsonl',
     optim__schedule='constant',
     optim__warmup_steps=0,
   )

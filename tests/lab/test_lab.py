@@ -134,7 +134,7 @@ def test_make_config_presets_seeds_and_overrides():
   assert (c.train.seed, c.model.init_seed) == (3, 3)
   assert c.optim.learning_rate == 1e-3
   assert c.train.ppo_epochs == 2
-  assert c.train.tensorboard is False
+  assert c.train.loggers == 'jsonl'
   full = lab.make_config('disabled')
   small = lab.make_config('disabled', small=True)
   assert small.train.num_steps < full.train.num_steps

@@ -53,7 +53,14 @@ RESUMABLE = frozenset(
     'train.eval_every',
     'train.eval_prompts',
     'train.log_every',
+    # train.tensorboard: replaced by train.loggers; kept so a workdir
+    # saved before resumes.
     'train.tensorboard',
+    'train.loggers',
+    'train.project',
+    'train.run_name',
+    'train.wandb_entity',
+    'train.mlflow_tracking_uri',
     'data.path',
     'data.eval_path',
     'reward.timeout_s',

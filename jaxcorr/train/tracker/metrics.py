@@ -1,4 +1,4 @@
-"""Metric output: metrics.jsonl, TensorBoard scalars, and a progress line.
+"""Metric output: metrics.jsonl, the loggers' sinks, and a progress line.
 
 `MetricWriter` appends one JSON object per step to `<workdir>/metrics.jsonl`:
 
@@ -18,18 +18,19 @@ renamed over the old one, so a crash never leaves half a file), and the
 resumed run appends from there, so every step appears once. At step 0 the
 step-0 line goes too: its evaluation follows checkpoint 0 and runs again.
 
-TensorBoard files go to `<workdir>/tensorboard/`, one
-`events.out.tfevents.*` file per writer, one scalar summary per metric,
-written by `jaxcorr/train/tracker/tensorboard.py` (no TensorFlow). `truncate_after(step)`
-also writes a `SessionLog.START` event at `step + 1`: TensorBoard's event
-accumulator reads it as a restart and discards the points of steps >=
-`step + 1` that the interrupted run had logged.
+Every other logger of `train.loggers` (TensorBoard, W&B, MLflow:
+jaxcorr/train/tracker/sinks.py) is a `Sink` the writer hands the same
+values after the line is written; `truncate_after(step)` tells each one
+that the run restarted after `step` (TensorBoard then discards the points of
+later steps that the interrupted run had logged). A sink that raises is
+logged as a warning and dropped: a logger never stops training.
 
 `MetricWriter(enabled=False)` (every process but the first) writes nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -40,12 +41,12 @@ from typing import Any, TextIO
 
 import jax
 import numpy as np
+from absl import logging
 
+from jaxcorr.train.tracker.sinks import Sink
 from jaxcorr.train.tracker.step_rate import StepRate, compile_seconds
-from jaxcorr.train.tracker.tensorboard import EventFile
 
 JSONL = 'metrics.jsonl'
-TENSORBOARD = 'tensorboard'
 
 # ---------------------------------------------------------------- scalars
 
@@ -137,36 +138,44 @@ def _drop_partial_tail(path: str) -> None:
 
 
 class MetricWriter:
-  """metrics.jsonl + TensorBoard writer (module doc).
+  """metrics.jsonl writer that fans each step out to the sinks (module
+  doc).
 
   Args:
     workdir: the run directory; created if missing.
-    tensorboard: also write TensorBoard event files under
-      `<workdir>/tensorboard/`.
+    sinks: the other loggers (`sinks.open_sinks`); the writer closes them.
     enabled: False makes every method a no-op (non-primary processes).
   """
 
   def __init__(
-    self, workdir: str, *, tensorboard: bool = True, enabled: bool = True
+    self,
+    workdir: str,
+    *,
+    sinks: Sequence[Sink] = (),
+    enabled: bool = True,
   ):
     self.workdir = workdir
     self.path = os.path.join(workdir, JSONL)
     self.enabled = bool(enabled)
     self._jsonl: TextIO | None = None
-    self._tb: EventFile | None = None
+    self.sinks: list[Sink] = list(sinks) if self.enabled else []
     self._closed = False
     if not self.enabled:
       return
     os.makedirs(workdir, exist_ok=True)
     _drop_partial_tail(self.path)
     self._jsonl = open(self.path, 'a', encoding='utf-8')  # noqa: SIM115
-    if tensorboard:
-      self._tb = EventFile(os.path.join(workdir, TENSORBOARD))
 
-  @property
-  def tensorboard_path(self) -> str | None:
-    """The event file this writer appends to (None without TensorBoard)."""
-    return None if self._tb is None else self._tb.path
+  def _each_sink(self, what: str, call) -> None:
+    """`call(sink)` for every sink; one that raises is dropped."""
+    for sink in list(self.sinks):
+      try:
+        call(sink)
+      except Exception as e:  # a logger never stops a run
+        logging.warning('logger %s disabled: %s failed: %r', sink.name, what, e)
+        self.sinks.remove(sink)
+        with contextlib.suppress(Exception):  # already reported
+          sink.close()
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
     """Append the metrics of `step` (scalars: Python, NumPy or JAX).
@@ -190,8 +199,8 @@ class MetricWriter:
     assert self._jsonl is not None
     self._jsonl.write(json.dumps(record, allow_nan=False) + '\n')
     self._jsonl.flush()
-    if self._tb is not None:
-      self._tb.scalars(step, {k: float(v) for k, v in values.items()})
+    floats = {k: float(v) for k, v in values.items()}
+    self._each_sink(f'write of step {step}', lambda s: s.write(step, floats))
 
   def resume(self, step: int) -> None:
     """Before a run resumed from checkpoint `step` (0: none, or the one
@@ -204,8 +213,9 @@ class MetricWriter:
     """Drop the lines of steps after `step` (resume from checkpoint `step`).
 
     The kept lines are written to a temporary file that replaces
-    metrics.jsonl with one rename; TensorBoard gets a `SessionLog.START` at
-    `step + 1`, which makes it discard the old points from there on.
+    metrics.jsonl with one rename; then every sink's `restart(step)`
+    (TensorBoard: a `SessionLog.START` at `step + 1`, which makes it
+    discard the old points from there on).
     """
     if self._closed:
       raise ValueError(f'MetricWriter of {self.workdir} is closed')
@@ -239,8 +249,7 @@ class MetricWriter:
       raise
     finally:
       self._jsonl = open(self.path, 'a', encoding='utf-8')  # noqa: SIM115
-    if self._tb is not None:
-      self._tb.session_start(step + 1)
+    self._each_sink('restart', lambda s: s.restart(step))
 
   def close(self) -> None:
     """Close the files (idempotent)."""
@@ -249,8 +258,8 @@ class MetricWriter:
     self._closed = True
     if self._jsonl is not None:
       self._jsonl.close()
-    if self._tb is not None:
-      self._tb.close()
+    self._each_sink('close', lambda s: s.close())
+    self.sinks = []
 
   def __enter__(self) -> MetricWriter:
     return self

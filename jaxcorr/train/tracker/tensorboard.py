@@ -20,6 +20,8 @@ from typing import IO
 
 import numpy as np
 
+DIRECTORY = 'tensorboard'
+
 
 def _crc32c_table() -> tuple[int, ...]:
   table = []
@@ -150,3 +152,28 @@ class EventFile:
 
   def close(self) -> None:
     self._f.close()
+
+
+class TensorBoardSink:
+  """The `tensorboard` logger (`jaxcorr.train.tracker.sinks.Sink`): an
+  `EventFile` under `<workdir>/tensorboard/`; a restart from checkpoint
+  `step` writes `SessionLog.START` at `step + 1`, so TensorBoard discards
+  the points the interrupted run logged from there on."""
+
+  name = 'tensorboard'
+
+  def __init__(self, workdir: str):
+    self.events = EventFile(os.path.join(workdir, DIRECTORY))
+
+  @property
+  def path(self) -> str:
+    return self.events.path
+
+  def write(self, step: int, values: Mapping[str, float]) -> None:
+    self.events.scalars(step, {k: float(v) for k, v in values.items()})
+
+  def restart(self, step: int) -> None:
+    self.events.session_start(step + 1)
+
+  def close(self) -> None:
+    self.events.close()

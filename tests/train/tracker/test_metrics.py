@@ -1,4 +1,4 @@
-"""MetricWriter (metrics.jsonl + TensorBoard), read_metrics, ProgressLine,
+"""MetricWriter (metrics.jsonl + the TensorBoard sink), read_metrics, ProgressLine,
 to_host_scalars."""
 
 from __future__ import annotations
@@ -6,15 +6,14 @@ from __future__ import annotations
 import io
 import json
 import os
-import struct
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from jaxcorr.train.tracker import metrics, step_rate, tensorboard
+from tests.helpers.logger_records import event_class, tfrecords
 
 
 def _lines(path) -> list[str]:
@@ -33,7 +32,7 @@ def _strict_json(line: str):
 
 
 def test_jsonl_records_types_and_order(tmp_path):
-  with metrics.MetricWriter(str(tmp_path), tensorboard=False) as w:
+  with metrics.MetricWriter(str(tmp_path)) as w:
     w.write(
       1,
       {
@@ -60,7 +59,7 @@ def test_jsonl_records_types_and_order(tmp_path):
 
 
 def test_non_finite_values_are_null(tmp_path):
-  with metrics.MetricWriter(str(tmp_path), tensorboard=False) as w:
+  with metrics.MetricWriter(str(tmp_path)) as w:
     w.write(
       3,
       {'a': float('nan'), 'b': np.inf, 'c': jnp.asarray(-jnp.inf), 'd': 1.0},
@@ -78,19 +77,19 @@ def test_non_finite_values_are_null(tmp_path):
 
 
 def test_appends_across_writers_and_drops_a_cut_line(tmp_path):
-  with metrics.MetricWriter(str(tmp_path), tensorboard=False) as w:
+  with metrics.MetricWriter(str(tmp_path)) as w:
     w.write(1, {'a': 1.0})
   with open(tmp_path / 'metrics.jsonl', 'a') as f:
     f.write('{"step": 2, "a": 0.')  # killed mid-write
   assert [r['step'] for r in metrics.read_metrics(str(tmp_path))] == [1]
-  with metrics.MetricWriter(str(tmp_path), tensorboard=False) as w:
+  with metrics.MetricWriter(str(tmp_path)) as w:
     w.write(2, {'a': 2.0})
   assert [r['step'] for r in metrics.read_metrics(str(tmp_path))] == [1, 2]
   assert _lines(tmp_path / 'metrics.jsonl')[-1] == '{"step": 2, "a": 2.0}'
 
 
 def test_truncate_after_then_resume(tmp_path):
-  w = metrics.MetricWriter(str(tmp_path), tensorboard=False)
+  w = metrics.MetricWriter(str(tmp_path))
   for s in range(1, 6):
     w.write(s, {'a': float(s)})
   w.truncate_after(3)
@@ -118,7 +117,7 @@ def test_disabled_writes_nothing(tmp_path):
 
 
 def test_write_validates(tmp_path):
-  with metrics.MetricWriter(str(tmp_path), tensorboard=False) as w:
+  with metrics.MetricWriter(str(tmp_path)) as w:
     with pytest.raises(ValueError, match=r"metric 'v' must be a scalar"):
       w.write(1, {'ok': 1.0, 'v': jnp.ones(3)})
     with pytest.raises(ValueError, match=r'metrics\["step"\]=2 differs'):
@@ -140,90 +139,35 @@ def test_crc32c_reference_values():
   assert tensorboard.crc32c(b'\xff' * 32) == 0x62A8AB43
 
 
-def _event_class():
-  """`tensorflow.Event` (the fields used) built from a descriptor, so the
-  file is decoded by protobuf itself, not by the writer's own encoder."""
-  f = descriptor_pb2.FileDescriptorProto(
-    name='test_event.proto', package='tbtest', syntax='proto3'
+def _tb_writer(workdir) -> metrics.MetricWriter:
+  return metrics.MetricWriter(
+    str(workdir), sinks=[tensorboard.TensorBoardSink(str(workdir))]
   )
-  T = descriptor_pb2.FieldDescriptorProto
-  value = f.message_type.add(name='Value')
-  value.field.add(name='tag', number=1, type=T.TYPE_STRING)
-  value.field.add(name='simple_value', number=2, type=T.TYPE_FLOAT)
-  summary = f.message_type.add(name='Summary')
-  summary.field.add(
-    name='value',
-    number=1,
-    type=T.TYPE_MESSAGE,
-    type_name='.tbtest.Value',
-    label=T.LABEL_REPEATED,
-  )
-  session_log = f.message_type.add(name='SessionLog')
-  session_log.field.add(name='status', number=1, type=T.TYPE_INT32)
-  event = f.message_type.add(name='Event')
-  event.field.add(name='wall_time', number=1, type=T.TYPE_DOUBLE)
-  event.field.add(name='step', number=2, type=T.TYPE_INT64)
-  event.field.add(name='file_version', number=3, type=T.TYPE_STRING)
-  event.field.add(
-    name='summary', number=5, type=T.TYPE_MESSAGE, type_name='.tbtest.Summary'
-  )
-  event.field.add(
-    name='session_log',
-    number=7,
-    type=T.TYPE_MESSAGE,
-    type_name='.tbtest.SessionLog',
-  )
-  pool = descriptor_pool.DescriptorPool()
-  pool.Add(f)
-  return message_factory.GetMessageClass(
-    pool.FindMessageTypeByName('tbtest.Event')
-  )
-
-
-def _records(path) -> list[bytes]:
-  """TFRecord payloads, checking both masked CRCs of every record."""
-
-  def masked(data):
-    c = tensorboard.crc32c(data)
-    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-  data = path.read_bytes()
-  out, i = [], 0
-  while i < len(data):
-    header = data[i : i + 8]
-    (n,) = struct.unpack('<Q', header)
-    assert struct.unpack('<I', data[i + 8 : i + 12])[0] == masked(header)
-    payload = data[i + 12 : i + 12 + n]
-    crc = struct.unpack('<I', data[i + 12 + n : i + 16 + n])[0]
-    assert crc == masked(payload)
-    out.append(payload)
-    i += 16 + n
-  assert i == len(data)
-  return out
 
 
 def _write_run(workdir):
-  with metrics.MetricWriter(str(workdir)) as w:
+  with _tb_writer(workdir) as w:
     w.write(1, {'reward/mean': 0.5, 'n': 3})
     w.write(2, {'reward/mean': jnp.asarray(0.75), 'n': 4})
     w.write(3, {'reward/mean': float('nan'), 'n': 5})
     w.truncate_after(2)
     w.write(3, {'reward/mean': 1.25, 'n': 6})
-    return w.tensorboard_path
+    return w.sinks[0].path
 
 
 def test_tensorboard_float32_range_and_one_file_per_writer(tmp_path):
   with (
-    metrics.MetricWriter(str(tmp_path)) as a,
-    metrics.MetricWriter(str(tmp_path)) as b,
+    _tb_writer(tmp_path) as a,
+    _tb_writer(tmp_path) as b,
   ):
     a.write(1, {'big': 1e300, 'small': -1e300})
     b.write(1, {'x': 1.0})
-    assert a.tensorboard_path != b.tensorboard_path
-  event_cls = _event_class()
+    a_path = a.sinks[0].path
+    assert a_path != b.sinks[0].path
+  event_cls = event_class()
   (event,) = [
     e
-    for e in map(event_cls.FromString, _records(tmp_path / a.tensorboard_path))
+    for e in map(event_cls.FromString, tfrecords(tmp_path / a_path))
     if e.HasField('summary')
   ]
   assert [v.simple_value for v in event.summary.value] == [np.inf, -np.inf]
@@ -234,8 +178,8 @@ def test_tensorboard_events_decode_with_protobuf(tmp_path):
   path = _write_run(tmp_path)
   assert os.path.dirname(path) == str(tmp_path / 'tensorboard')
   assert os.path.basename(path).startswith('events.out.tfevents.')
-  event_cls = _event_class()
-  events = [event_cls.FromString(r) for r in _records(tmp_path / path)]
+  event_cls = event_class()
+  events = [event_cls.FromString(r) for r in tfrecords(tmp_path / path)]
   assert events[0].file_version == 'brain.Event:2'
   scalars = [
     (e.step, v.tag, v.simple_value)
