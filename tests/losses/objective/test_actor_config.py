@@ -8,14 +8,13 @@ import jax
 import pytest
 
 from jaxcorr.losses import correction as corr_lib
-from jaxcorr.losses import objective as obj
 from jaxcorr.losses import objective_config as obj_cfg
 from jaxcorr.losses import policy as pol
 
 
 def test_actor_config_knobs_match_policy_registry():
   knobs = {f.name for f in dataclasses.fields(pol.PolicyKnobs)}
-  assert set(obj.KNOB_FIELDS) == knobs
+  assert set(pol.KNOB_FIELDS) == knobs
   cfg = obj_cfg.ActorLossConfig()
   for k in knobs:
     assert getattr(cfg, k) == getattr(pol.DEFAULT_KNOBS, k), k

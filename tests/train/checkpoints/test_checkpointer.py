@@ -380,6 +380,7 @@ _CONSOLE_SCRIPT = """
 import gc, os, pathlib, sys, time
 import jax.numpy as jnp
 from jaxcorr.train.checkpoints import checkpointer as checkpoint
+from jaxcorr.train.checkpoints.tree import abstract_like
 d = pathlib.Path(sys.argv[1])
 small = lambda s=0: {'w': jnp.arange(8.0) + s, 'v': [jnp.ones((4, 4)) * s, s]}
 with checkpoint.Checkpointer(str(d), every=1, keep=3) as ckpt:
@@ -476,11 +477,11 @@ def test_save_on_a_full_disk_is_one_line_naming_the_workdir(
   from absl import logging as absl_logging
 
   from configs import arith_tiny
-  from jaxcorr.train import run_config
+  from jaxcorr.train import build
   from jaxcorr.train.checkpoints.disk_full import DiskFull
   from jaxcorr.train.checkpoints.resume import Progress, RunCheckpoints
 
-  run = run_config.build(arith_tiny.get_config('pulse'))
+  run = build.build(arith_tiny.get_config('pulse'))
   workdir = str(tmp_path / 'run')
   ckpts = RunCheckpoints(workdir, run, 'pulse')
   ckpts.save(Progress(0), _small(), None, force=True)

@@ -135,7 +135,7 @@ def test_without_config_json_the_checkpoint_refuses_a_changed_config(
   config = pulse_config()
   config.train.num_steps = 1
   config.train.eval_every = 0
-  Trainer(config, str(tmp_path)).train()
+  Trainer.from_config(config, str(tmp_path)).train()
   (tmp_path / 'config.json').unlink()
   metrics = (tmp_path / 'metrics.jsonl').read_text()
   changed = config.copy_and_resolve_references()
@@ -144,11 +144,13 @@ def test_without_config_json_the_checkpoint_refuses_a_changed_config(
     workdir_lib.ConfigChanged,
     match=r'config.optim.learning_rate: .*from checkpoint step 1.*--allow',
   ):
-    Trainer(changed, str(tmp_path)).train()
+    Trainer.from_config(changed, str(tmp_path)).train()
   assert (tmp_path / 'metrics.jsonl').read_text() == metrics
   assert not (tmp_path / 'config.json').exists()
   changed.train.num_steps = 2
-  trainer = Trainer(changed, str(tmp_path), allow_config_change=True)
+  trainer = Trainer.from_config(
+    changed, str(tmp_path), allow_config_change=True
+  )
   trainer.train()
   assert trainer.step == 2
   saved = json.loads((tmp_path / 'config.json').read_text())
