@@ -16,11 +16,12 @@ failed call to cuInit`), which a new user reads as a failure. They are
 written before absl logging is initialised, so `TF_CPP_MIN_LOG_LEVEL` does
 not filter them in TensorFlow 2.21. `quiet_tensorflow_startup` wraps the
 import: it captures the process's stderr (file descriptor 2) for its
-duration and writes back every line except absl-formatted ones below the
-level `TF_CPP_MIN_LOG_LEVEL` names (TensorFlow's meaning: 0 keeps all, 1
-drops INFO, 2 also WARNING, 3 also ERROR), 3 when the variable is unset:
-a user's own setting is honoured, and nothing else that is written to
-stderr meanwhile is lost.
+duration and writes back every line except absl-formatted ones below
+FATAL. `TF_CPP_MIN_LOG_LEVEL=0` keeps them all. Any other value drops them:
+JAX sets the variable to 1 at import when it is unset, so 1 (or 2) cannot
+tell a user's choice from JAX's default, and the CUDA probe's ERROR line is
+exactly what a new user must not read as a failure. Nothing else that is
+written to stderr meanwhile is lost.
 """
 
 from __future__ import annotations
@@ -39,16 +40,12 @@ _ABSL_BANNER = (
   b'written to STDERR'
 )
 _SEVERITY = {b'I': 0, b'W': 1, b'E': 2, b'F': 3}
-_DEFAULT_LEVEL = 3
 
 
 def min_log_level() -> int:
-  """The level below which start-up lines are dropped: the user's
-  `TF_CPP_MIN_LOG_LEVEL`, 3 when unset or not a number."""
-  try:
-    return int(os.environ.get('TF_CPP_MIN_LOG_LEVEL', _DEFAULT_LEVEL))
-  except ValueError:
-    return _DEFAULT_LEVEL
+  """The level below which start-up lines are dropped: 0 when
+  `TF_CPP_MIN_LOG_LEVEL` is 0 (keep all), else 3 (module docstring)."""
+  return 0 if os.environ.get('TF_CPP_MIN_LOG_LEVEL', '').strip() == '0' else 3
 
 
 def keep_line(line: bytes, level: int) -> bool:
