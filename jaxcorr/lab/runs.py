@@ -49,10 +49,22 @@ WALL_FILE = 'lab_wall_s'
 # ---------------------------------------------------------- one experiment
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str, name: str) -> None:
+def _train(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  name: str,
+  *,
+  shared_sft: bool = False,
+) -> None:
+  """Trains `workdir` to the end. `shared_sft`: its checkpoint 0 is a copy
+  of a warm-up shared by every config of one SFT signature, saved with
+  another config's RL settings, which the restore's config check must
+  accept."""
   from jaxcorr.train.loop import Trainer
 
-  trainer = Trainer.from_config(config, workdir, config_name=name)
+  trainer = Trainer.from_config(
+    config, workdir, config_name=name, allow_config_change=shared_sft
+  )
   try:
     trainer.train()
   finally:
@@ -135,7 +147,8 @@ def run_experiment(
     shutil.copytree(
       sft_checkpoint(config, sft_cache), os.path.join(workdir, 'checkpoints')
     )
-  _train(config, workdir, f'lab:{preset}@{mismatch}/seed{seed}')
+  name = f'lab:{preset}@{mismatch}/seed{seed}'
+  _train(config, workdir, name, shared_sft=sft_cache is not None)
   return read_metrics(workdir)
 
 
