@@ -386,7 +386,6 @@ def keep_mask(
     vetoes: (τ_lo, τ_hi), each None when off.
   """
   keep = jnp.ones(x.m.shape, bool)
-  criteria = tuple(criteria)
   if criteria:
     keep_rs, rs_metrics = rejection(x, n, criteria, seq_reward)
     keep = keep & keep_rs
