@@ -17,8 +17,9 @@ Sections:
   every diagnostic, and therefore needs rollout log-probs.
 * `actor`: every `ActorLossConfig` field (docs/math/losses.md §4.4 and §5).
 * `algorithm`: advantages and KL in reward (`configs/algorithm.py`).
-* `model`, `data`, `rollout`, `reward`, `train`, `optim`, `critic`, `mesh`:
-  the trainer (`configs/trainer.py`, docs/training.md).
+* `model`, `data`, `rollout`, `reward`, `train`, `optim`, `critic`, `mesh`,
+  `eval`: the trainer (`configs/trainer.py`, docs/training.md,
+  docs/evaluation.md).
 
 The actor section is named `actor` because docs/math/correction.md §6 names
 its fields so (`actor.policy_loss`, `actor.rollout_kl_coef` in the preset

@@ -1,5 +1,5 @@
 """The trainer's config sections: model, data, rollout, reward, train, optim,
-critic, mesh.
+critic, mesh, eval.
 
 Each field (name, default, allowed values, doc) is declared once, on the
 frozen dataclass of its section, beside the code it configures;
@@ -8,7 +8,8 @@ in jaxcorr/train/policy.py, `DataConfig` in jaxcorr/data/config.py,
 `RolloutConfig` in jaxcorr/train/rollouts/config.py, `RewardConfig` in
 jaxcorr/rewards/config.py, `TrainConfig` in jaxcorr/train/run_config.py,
 `OptimConfig` in jaxcorr/train/state.py, `CriticConfig` in
-jaxcorr/train/critic.py, `MeshConfig` in jaxcorr/sharding.py); these
+jaxcorr/train/critic.py, `MeshConfig` in jaxcorr/sharding.py, `EvalConfig` in
+jaxcorr/train/evals/config.py); these
 sections are derived from them. `configs/base.py` assigns each of them in
 `base_config`; a task config (`configs/arith_tiny.py`,
 `configs/gsm8k_qwen.py`, ...) changes their values, never their keys.

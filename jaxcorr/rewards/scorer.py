@@ -314,6 +314,15 @@ class RewardScorer:
     """(rewards float32 [B], metrics). Raises for mismatched lengths (a
     caller bug) and `RewardFunctionFailing` (class doc); other
     reward-function errors score 0 and are counted."""
+    rewards, metrics, _ = self.score_each(responses, answers)
+    return rewards, metrics
+
+  def score_each(
+    self, responses: Sequence[str], answers: Sequence[str]
+  ) -> tuple[np.ndarray, dict[str, float], np.ndarray]:
+    """`score`, plus each function's unweighted value of each row,
+    float64 `[F, B]` in `names` order (0 where a call failed or timed
+    out); evaluation reads the first function's."""
     if isinstance(responses, str) or isinstance(answers, str):
       raise ValueError('RewardScorer.score: pass sequences of strings')
     if len(responses) != len(answers):
@@ -382,9 +391,10 @@ class RewardScorer:
           return_when=concurrent.futures.FIRST_COMPLETED,
         )
     self._watch.check(failed, n)
-    return self._combine(
+    rewards, metrics = self._combine(
       values, int(failed.sum()), timeouts, budget_exceeded, pool.stuck()
     )
+    return rewards, metrics, values
 
   def _combine(
     self,

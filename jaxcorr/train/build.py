@@ -39,6 +39,8 @@ from jaxcorr.losses.objective_config import ActorLossConfig, LossConfigs
 from jaxcorr.losses.rewards import KLControlConfig, check_kl_horizon
 from jaxcorr.sharding import MeshConfig
 from jaxcorr.train.critic import CriticConfig
+from jaxcorr.train.evals import sets as eval_sets
+from jaxcorr.train.evals.config import EvalConfig
 from jaxcorr.train.policy import ModelConfig
 from jaxcorr.train.rollouts.config import RolloutConfig
 from jaxcorr.train.run_config import AlgorithmConfig, RunConfig, TrainConfig
@@ -54,6 +56,7 @@ SECTIONS: dict[str, type] = {
   'optim': OptimConfig,
   'critic': CriticConfig,
   'mesh': MeshConfig,
+  'eval': EvalConfig,
 }
 """The trainer sections that map one ConfigDict section to one dataclass
 (`correction`, `actor` and `algorithm` are assembled below)."""
@@ -219,10 +222,13 @@ def check_components(run: RunConfig) -> None:
   (`jaxcorr.rewards.check_installed`), a reasoning-gym source names known
   tasks and a working task config (`jaxcorr.data.reasoning_gym.check`), and
   the package of every logger of `config.train.loggers` is installed
-  (`jaxcorr.train.tracker.sinks.check_installed`)."""
+  (`jaxcorr.train.tracker.sinks.check_installed`), and every eval set of
+  `config.eval.sets` names data fields and has held-out prompts
+  (`jaxcorr.train.evals.sets.check`)."""
   prompts.format_prompt(run.data.prompt_template, Example('', ''))
   names, _ = rewards.check_spec(rewards.parse_spec(run.reward.functions))
   rewards.check_installed(names)
   if run.data.source == 'reasoning_gym':
     reasoning_gym.check(run.data, names, run.train.sft_steps)
   sinks.check_installed(run.train.loggers)
+  eval_sets.check(run)

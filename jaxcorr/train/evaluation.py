@@ -1,11 +1,18 @@
-"""Greedy accuracy of the current weights on the held-out prompts, as the
-rollout engine runs them (its dtype and quantisation).
+"""Evaluation of the current weights on held-out prompts, as the rollout
+engine runs them (its dtype and quantisation): per eval set, greedy
+accuracy, and with `eval.samples` > 0 a sampled pass for pass@k / maj@k
+(jaxcorr/train/evals/, docs/evaluation.md).
 
 Sync mode evaluates on the training engine, which already holds the current
 weights. In async mode the producer owns that engine, so evaluation runs on
 an engine of its own on the trainer's devices and loads the weights first.
 Every process decodes its share of the prompts; the metrics are combined
 over processes (`reduction.gather_processes`).
+
+Seeds: the greedy pass samples with step `_SEED_OFFSET + step` (as it always
+has: with the default `eval` section the metrics are those of a run before
+the sampled pass existed), the sampled pass of set i with
+`_SAMPLED_OFFSET + step * _MAX_SETS + i`; both far from any training step.
 """
 
 from __future__ import annotations
@@ -13,36 +20,144 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxcorr.data.tasks import Example
-from jaxcorr.train.rollouts.stage import RolloutStage
+from jaxcorr.data import prompts as data
+from jaxcorr.train.evals import sampled, samples_log
+from jaxcorr.train.evals.sets import EvalSet
+from jaxcorr.train.rollouts.stage import RolloutStage, Scored
 from jaxcorr.train.tracker import reduction
+from jaxcorr.train.tracker.reduction import Metric, Metrics
 
 # Evaluation's sampling seeds: far from any training step's.
 _SEED_OFFSET = 10**9
+_SAMPLED_OFFSET = 2 * 10**9
+_MAX_SETS = 1000
 
 
 class Evaluator:
   """`evaluator(step)` -> `eval/` metrics of the weights after `step`.
 
   Args:
-    stage: generation and scoring on the engine evaluation uses.
-    examples: this process's held-out prompts.
+    stage: generation and scoring on the engine evaluation uses; its run's
+      `eval` section says what runs.
+    sets: the eval sets (`jaxcorr.train.evals.sets.build_sets`), each with
+      this process's share of its prompts.
     weights: () -> the engine's copy of the current weights; None when the
       stage's engine is the training one (it holds them already).
+    samples_dir: where the JSONL of eval samples goes
+      (`jaxcorr.train.evals.samples_log`); None: nowhere.
   """
 
   def __init__(
     self,
     stage: RolloutStage,
-    examples: Sequence[Example],
+    sets: Sequence[EvalSet],
     weights: Callable[[], Any] | None = None,
+    *,
+    samples_dir: str | None = None,
   ):
     self.stage = stage
-    self.examples = list(examples)
+    self.sets = list(sets)
     self.weights = weights
+    cfg = stage.run.eval
+    self.samples_dir = samples_dir if cfg.samples_jsonl else None
+    self._answer = sampled.answer_of(stage.scorer.names[0])
 
   def __call__(self, step: int) -> dict[str, float]:
     if self.weights is not None:
       self.stage.engine.update_params(self.weights(), version=step)
-    ev = self.stage.evaluate(self.examples, step=_SEED_OFFSET + step)
+    ev: Metrics = {}
+    rows: list[dict] = []
+    for i, eval_set in enumerate(self.sets):
+      if not eval_set.examples:
+        continue
+      metrics = self._greedy(eval_set, step, rows)
+      if 'time/eval' in ev:  # several sets: the time of them all
+        spent = ev['time/eval'].value + metrics['time/eval'].value
+        metrics['time/eval'] = Metric.avg(spent)
+      ev.update(metrics)
+      if self.stage.run.eval.samples:
+        ev.update(self._sampled(eval_set, i, step, rows))
+    if self.samples_dir is not None and rows:
+      samples_log.write(self.samples_dir, step, rows)
     return reduction.gather_processes(ev)
+
+  def _greedy(self, eval_set: EvalSet, step: int, rows: list) -> Metrics:
+    stage = self.stage
+    scored = stage.run_step(
+      eval_set.examples, step=_SEED_OFFSET + step, greedy=True
+    )
+    if self.samples_dir is not None:
+      replies = stage.responses(scored.batch)
+      rows.extend(self._rows(eval_set, scored, replies, step, 'greedy'))
+    return _rename(stage.eval_metrics(scored), eval_set.prefix)
+
+  def _sampled(
+    self, eval_set: EvalSet, index: int, step: int, rows: list
+  ) -> Metrics:
+    """pass@k, maj@k, sampled accuracy (`jaxcorr.train.evals.sampled`)."""
+    run = self.stage.run
+    cfg = run.eval
+    preset = cfg.preset_for(run.rollout)
+    scored = self.stage.sample(
+      eval_set.examples,
+      step=_SAMPLED_OFFSET + step * _MAX_SETS + index,
+      num_samples=cfg.samples,
+      temperature=preset.temperature,
+      top_k=preset.top_k,
+      top_p=preset.top_p,
+      min_p=preset.min_p,
+    )
+    replies = self.stage.responses(scored.batch)
+    if self.samples_dir is not None:
+      rows.extend(self._rows(eval_set, scored, replies, step, 'sampled'))
+    values = sampled.sampled_metrics(
+      scored.scores[0],
+      replies,
+      samples=cfg.samples,
+      ks=cfg.ks,
+      answer=self._answer,
+    )
+    out = {f'{eval_set.prefix}{k}': Metric.avg(v) for k, v in values.items()}
+    timer = 'time/eval_sampled' + (f'/{eval_set.name}' if eval_set.name else '')
+    out[timer] = scored.metrics['time/rollout']
+    return out
+
+  def _rows(
+    self,
+    eval_set: EvalSet,
+    scored: Scored,
+    replies: Sequence[str],
+    step: int,
+    mode: str,
+  ) -> list[dict]:
+    """The JSONL rows of one pass (`jaxcorr.train.evals.samples_log`)."""
+    n = len(replies) // len(eval_set.examples)
+    template = self.stage.run.data.prompt_template
+    out = []
+    for j, reply in enumerate(replies):
+      ex = eval_set.examples[j // n]
+      out.append(
+        {
+          'step': step,
+          'set': eval_set.name,
+          'mode': mode,
+          'prompt_index': j // n,
+          'sample': j % n,
+          'prompt': data.format_prompt(template, ex),
+          'answer': ex.answer,
+          'reply': reply,
+          'reward': float(scored.rewards[j]),
+          'score': float(scored.scores[0][j]),
+        }
+      )
+    return out
+
+
+def _rename(metrics: Metrics, prefix: str) -> Metrics:
+  """`eval/x` -> `<prefix>x` (a named set's metrics)."""
+  if prefix == 'eval/':
+    return metrics
+  return {
+    (prefix + k[len('eval/') :] if k.startswith('eval/') else k): v
+    for k, v in metrics.items()
+  }

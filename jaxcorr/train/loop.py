@@ -9,7 +9,7 @@ together (docs/architecture.md draws the data flow).
     SFT         sft.py                warm-up (train.sft_steps) ─ checkpoint 0
     rollouts    rollouts/source.py    sync; fixed_lag.py, stream.py beside it
     RL step     rl_step.py            validate ─ assemble ─ prepare ─ update
-    evaluation  evaluation.py         greedy accuracy on held-out prompts
+    evaluation  evaluation.py         greedy accuracy, pass@k (evals/)
     metrics     tracker/metrics.py    metrics.jsonl, the loggers, progress
 
 Versions: the engine's policy version is the number of RL steps whose
@@ -44,6 +44,8 @@ from jaxcorr.train import build, preemption, setup, sft
 from jaxcorr.train.checkpoints import workdir as workdir_lib
 from jaxcorr.train.checkpoints.resume import Progress, RunCheckpoints
 from jaxcorr.train.critic import init_from_policy
+from jaxcorr.train.evals import samples_log
+from jaxcorr.train.evals import sets as eval_sets
 from jaxcorr.train.evaluation import Evaluator
 from jaxcorr.train.policy import build_policy
 from jaxcorr.train.rl_step import RLStep
@@ -130,15 +132,19 @@ class Trainer:
     # Async and stream modes: the producer owns its engine, so evaluation
     # (trainer thread, current weights) gets its own on the trainer's
     # devices.
+    sets = eval_sets.build_sets(
+      run, prompts.eval_examples, self.tokenizer.encode
+    )
+    samples_dir = None if read_only else f'{workdir}/{samples_log.DIRNAME}'
     if run.rollout.mode != 'sync':
       eval_stage = RolloutStage(
         run, self._engine(self.mesh), self.tokenizer, scorer
       )
       self.evaluate = Evaluator(
-        eval_stage, prompts.eval_examples, self.engine_params
+        eval_stage, sets, self.engine_params, samples_dir=samples_dir
       )
     else:
-      self.evaluate = Evaluator(self.stage, prompts.eval_examples)
+      self.evaluate = Evaluator(self.stage, sets, samples_dir=samples_dir)
     self.rl_step = RLStep(
       run,
       self.steps,

@@ -8,7 +8,8 @@ jaxcorr/train/policy.py, `DataConfig` in jaxcorr/data/config.py,
 `RolloutConfig` in jaxcorr/train/rollouts/config.py, `RewardConfig` in
 jaxcorr/rewards/config.py, `OptimConfig` in jaxcorr/train/state.py,
 `CriticConfig` in jaxcorr/train/critic.py, the loss and correction configs in
-jaxcorr/losses/, `MeshConfig` in jaxcorr/sharding.py). The two declared here
+jaxcorr/losses/, `MeshConfig` in jaxcorr/sharding.py, `EvalConfig` in
+jaxcorr/train/evals/config.py). The two declared here
 are read across the whole trainer: `TrainConfig` (steps, batch geometry,
 evaluation, checkpoints, logging: the loop, the step, SFT, checkpoints) and
 `AlgorithmConfig` (advantages and KL in reward: set-up and prepare); every
@@ -41,6 +42,7 @@ from jaxcorr.losses.rewards import KLControlConfig
 from jaxcorr.rewards import RewardConfig
 from jaxcorr.sharding import MeshConfig
 from jaxcorr.train.critic import CriticConfig
+from jaxcorr.train.evals.config import EvalConfig
 from jaxcorr.train.policy import ModelConfig
 from jaxcorr.train.rollouts.config import RolloutConfig
 from jaxcorr.train.state import OptimConfig
@@ -149,6 +151,7 @@ class RunConfig:
   optim: OptimConfig
   critic: CriticConfig
   mesh: MeshConfig
+  eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
 
   @property
   def needs_ref(self) -> bool:

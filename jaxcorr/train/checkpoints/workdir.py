@@ -68,6 +68,12 @@ RESUMABLE = frozenset(
     'reward.isolation',
     'reward.max_failure_fraction',
     'rollout.max_concurrent_decodes',
+    # What evaluation measures, not what is trained.
+    'eval.sets',
+    'eval.samples',
+    'eval.preset',
+    'eval.k',
+    'eval.samples_jsonl',
   }
 )
 

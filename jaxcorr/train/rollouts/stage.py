@@ -60,6 +60,8 @@ class Scored:
   metrics: Metrics
   loader_state: dict | None = None
   version: int = 0
+  # [F, B] each reward function's value per row (`RewardScorer.score_each`).
+  scores: np.ndarray | None = None
 
 
 # RewardScorer's counts over the rows; its other metrics are means.
@@ -144,19 +146,43 @@ class RolloutStage:
     (default: this process's equal share, module docstring).
     """
     r = self.run.rollout
-    if first_prompt is None:
-      first_prompt = jax.process_index() * len(examples)
-    t0 = time.perf_counter()
-    n = 1 if greedy else r.samples_per_prompt
-    batch = driver.generate(
-      self.engine,
-      self.encode(examples),
-      num_samples=n,
-      max_new_tokens=r.max_new_tokens,
+    return self.sample(
+      examples,
+      step=step,
+      num_samples=1 if greedy else r.samples_per_prompt,
       temperature=r.temperature,
       top_k=1 if greedy else r.top_k,
       top_p=1.0 if greedy else r.top_p,
       min_p=0.0 if greedy else r.min_p,
+      first_prompt=first_prompt,
+    )
+
+  def sample(
+    self,
+    examples: Sequence[Example],
+    *,
+    step: int,
+    num_samples: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    first_prompt: int | None = None,
+  ) -> Scored:
+    """`run_step` at explicit sampling settings (`jaxcorr.sampling`); the
+    sampled eval pass uses its preset's."""
+    if first_prompt is None:
+      first_prompt = jax.process_index() * len(examples)
+    t0 = time.perf_counter()
+    batch = driver.generate(
+      self.engine,
+      self.encode(examples),
+      num_samples=num_samples,
+      max_new_tokens=self.run.rollout.max_new_tokens,
+      temperature=temperature,
+      top_k=top_k,
+      top_p=top_p,
+      min_p=min_p,
       stop_token_ids=self.stop_ids,
       seed=step_seed(self.run.train.seed, step),
       first_prompt=first_prompt,
@@ -178,7 +204,9 @@ class RolloutStage:
     t1 = time.perf_counter()
     n = batch.batch_size // len(examples)
     answers = [ex.answer for ex in examples for _ in range(n)]
-    rewards, scores = self.scorer.score(self.responses(batch), answers)
+    rewards, scores, values = self.scorer.score_each(
+      self.responses(batch), answers
+    )
     metrics = {
       k: Metric.sum(v) if k in _REWARD_COUNTS else Metric.avg(v)
       for k, v in scores.items()
@@ -196,6 +224,7 @@ class RolloutStage:
       version=int(version.max())
       if version.size
       else self.engine.policy_version,
+      scores=values,
     )
 
   def evaluate(self, examples: Sequence[Example], *, step: int) -> Metrics:
@@ -203,7 +232,10 @@ class RolloutStage:
     `eval/accuracy` (the mean of the first reward function)."""
     if not examples:
       return {}
-    scored = self.run_step(examples, step=step, greedy=True)
+    return self.eval_metrics(self.run_step(examples, step=step, greedy=True))
+
+  def eval_metrics(self, scored: Scored) -> Metrics:
+    """`evaluate`'s metrics of a greedy batch."""
     primary = scored.metrics[f'reward/{self.scorer.names[0]}/mean']
     lengths = np.asarray(scored.batch.response_mask).sum(1)
     return {
