@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   (
     'jaxcorr.lab',
     'jaxcorr.main',
+    'jaxcorr.evaluate',
     'jaxcorr.export',
     'jaxcorr.serve',
     'jaxcorr.convert',
