@@ -1,12 +1,12 @@
-"""The eval harness in the loop, on a tiny from-scratch run (SFT warm-up,
-checkpoint 0, the step-0 evaluation; 8 fake CPU devices): named sets, the
+"""The eval harness in the loop, on a tiny from-scratch run (no step: the
+initial weights, checkpoint 0 and the step-0 evaluation; 8 fake CPU
+devices): named sets, the
 sampled pass's pass@k against the closed form on its own JSONL, the JSONL
 rows, and the greedy path unchanged by the sampled pass."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 
 import numpy as np
@@ -18,7 +18,7 @@ from jaxcorr.train.evals.sets import EvalSet
 from jaxcorr.train.evaluation import Evaluator
 from jaxcorr.train.loop import Trainer
 from jaxcorr.train.rollouts.stage import RolloutStage
-from jaxcorr.train.tracker import reduction
+from jaxcorr.train.tracker import metrics, reduction
 from tests.helpers.trainer_config import pulse_config
 
 N = 4
@@ -30,6 +30,7 @@ def run(tmp_path_factory):
   config = pulse_config(
     length_reward=True,
     train__num_steps=0,
+    train__sft_steps=0,
     eval__samples=N,
     eval__k='1,2,4',
     eval__preset='liberal',
@@ -50,7 +51,7 @@ def test_each_set_logs_greedy_and_sampled_metrics(run):
     for key in ('sampled_accuracy', 'pass@1', 'pass@2', 'pass@4', 'maj@4'):
       assert 0.0 <= last[f'eval/{name}/{key}'] <= 1.0
   assert 'eval/accuracy' not in last  # named sets only
-  logged = [json.loads(x) for x in open(workdir / 'metrics.jsonl')]
+  logged = metrics.read_metrics(str(workdir))
   assert logged[0]['step'] == 0 and 'eval/mul/pass@4' in logged[0]
 
 
@@ -85,6 +86,10 @@ def test_jsonl_rows_and_pass_at_k_from_them(run):
       assert got == pytest.approx(np.mean(per_prompt))
 
 
+def _stable(m: dict) -> dict:
+  return {k: v for k, v in m.items() if not k.startswith('time/')}
+
+
 def test_greedy_path_is_unchanged_by_sets_and_sampling(run):
   trainer, last, _ = run
   stage = trainer.stage
@@ -97,9 +102,8 @@ def test_greedy_path_is_unchanged_by_sets_and_sampling(run):
   # The code path before the sampled pass existed: stage.evaluate at
   # seed step 10**9 + step.
   before = reduction.gather_processes(stage.evaluate(add, step=10**9))
-  stable = lambda m: {k: v for k, v in m.items() if not k.startswith('time/')}
-  assert stable(greedy) == stable(before)
-  assert set(stable(greedy)) == {
+  assert _stable(greedy) == _stable(before)
+  assert set(_stable(greedy)) == {
     'eval/accuracy',
     'eval/reward_mean',
     'eval/response_length',
