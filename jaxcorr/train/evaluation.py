@@ -21,8 +21,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxcorr.data import prompts as data
+from jaxcorr.data.tasks import Example
 from jaxcorr.train.evals import sampled, samples_log
-from jaxcorr.train.evals.sets import EvalSet
+from jaxcorr.train.evals.sets import EvalSet, build_sets
 from jaxcorr.train.rollouts.stage import RolloutStage, Scored
 from jaxcorr.train.tracker import reduction
 from jaxcorr.train.tracker.reduction import Metric, Metrics
@@ -151,6 +152,21 @@ class Evaluator:
         }
       )
     return out
+
+
+def build_evaluator(
+  stage: RolloutStage,
+  default: Sequence[Example],
+  weights: Callable[[], Any] | None = None,
+  *,
+  workdir: str | None = None,
+) -> Evaluator:
+  """The run's `Evaluator`: its eval sets (`build_sets`, `default`: this
+  process's share of the data section's held-out prompts) and the JSONL of
+  eval samples under `<workdir>/eval_samples` (None: none written)."""
+  sets = build_sets(stage.run, default, stage.tokenizer.encode)
+  samples_dir = None if workdir is None else f'{workdir}/{samples_log.DIRNAME}'
+  return Evaluator(stage, sets, weights, samples_dir=samples_dir)
 
 
 def _rename(metrics: Metrics, prefix: str) -> Metrics:

@@ -40,13 +40,10 @@ from flax import nnx
 from jaxcorr import rewards as reward_fns
 from jaxcorr.data import text
 from jaxcorr.rewards import RewardScorer
-from jaxcorr.train import build, preemption, setup, sft
+from jaxcorr.train import build, evaluation, preemption, setup, sft
 from jaxcorr.train.checkpoints import workdir as workdir_lib
 from jaxcorr.train.checkpoints.resume import Progress, RunCheckpoints
 from jaxcorr.train.critic import init_from_policy
-from jaxcorr.train.evals import samples_log
-from jaxcorr.train.evals import sets as eval_sets
-from jaxcorr.train.evaluation import Evaluator
 from jaxcorr.train.policy import build_policy
 from jaxcorr.train.rl_step import RLStep
 from jaxcorr.train.rollouts.source import RolloutSource, make_rollouts
@@ -132,19 +129,15 @@ class Trainer:
     # Async and stream modes: the producer owns its engine, so evaluation
     # (trainer thread, current weights) gets its own on the trainer's
     # devices.
-    sets = eval_sets.build_sets(
-      run, prompts.eval_examples, self.tokenizer.encode
-    )
-    samples_dir = None if read_only else f'{workdir}/{samples_log.DIRNAME}'
+    eval_stage, weights = self.stage, None
     if run.rollout.mode != 'sync':
-      eval_stage = RolloutStage(
-        run, self._engine(self.mesh), self.tokenizer, scorer
-      )
-      self.evaluate = Evaluator(
-        eval_stage, sets, self.engine_params, samples_dir=samples_dir
-      )
-    else:
-      self.evaluate = Evaluator(self.stage, sets, samples_dir=samples_dir)
+      engine = self._engine(self.mesh)
+      eval_stage = RolloutStage(run, engine, self.tokenizer, scorer)
+      weights = self.engine_params
+    out = None if read_only else workdir  # the eval samples' JSONL
+    self.evaluate = evaluation.build_evaluator(
+      eval_stage, prompts.eval_examples, weights, workdir=out
+    )
     self.rl_step = RLStep(
       run,
       self.steps,
