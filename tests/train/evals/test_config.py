@@ -3,9 +3,12 @@ errors that name the field and the allowed values."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from jaxcorr.train import build
+from jaxcorr.train.checkpoints import workdir as workdir_lib
 from jaxcorr.train.evals.config import PRESETS, EvalConfig, Preset
 from jaxcorr.train.rollouts.config import RolloutConfig
 from tests.helpers.trainer_config import pulse_config
@@ -84,3 +87,13 @@ def test_a_valid_eval_section_builds():
   )
   assert run.eval.ks == (1, 4)
   assert list(run.eval.named_sets) == ['add', 'mul']
+
+
+def test_eval_fields_change_on_resume_and_old_workdirs_resume():
+  saved = json.loads(pulse_config().to_json())
+  new = json.loads(
+    pulse_config(eval__samples=8, eval__sets='{"a": {}}').to_json()
+  )
+  assert workdir_lib.config_changes(saved, new) == []
+  del saved['eval']  # a workdir saved before the eval section
+  assert workdir_lib.config_changes(saved, new) == []
