@@ -45,9 +45,11 @@ bench: $(STAMP)
 	$(PY) bench/train.py
 	$(PY) bench/async_modes.py
 	$(PY) bench/inflight_kv.py
+	$(PY) bench/evaluation.py --model=tiny --prompts=64
 
 bench-smollm2: smollm2
 	$(PY) bench/smollm2.py
+	$(PY) bench/evaluation.py
 
 lab: $(STAMP)
 	$(PY) -m jaxcorr.lab --out=docs/mismatch_lab
