@@ -72,6 +72,13 @@ class TrainConfig:
     boolean,
     'Shuffle rows before splitting into mini-batches (PRNG from train.seed).',
   )
+  packing: bool = setting(
+    False,
+    boolean,
+    "Pack each micro-batch's sequences (prompt + response) into rows of "
+    'max_prompt_length + max_new_tokens tokens, micro-batches balanced by '
+    'token count (jaxcorr/train/packing/layout.py; docs/training.md).',
+  )
   checkpoint_every: int = setting(
     50, _NAT, 'Save every N RL steps (0: only at the end and on SIGTERM).'
   )

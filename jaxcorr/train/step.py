@@ -35,6 +35,8 @@ from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective, objective_config, value
 from jaxcorr.train import scoring
 from jaxcorr.train.batch import TrainBatch
+from jaxcorr.train.packing import forward as packed_forward
+from jaxcorr.train.packing.layout import PackedRows
 from jaxcorr.train.prepare import gap_arguments, prepare
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.state import TrainState, apply_updates
@@ -110,6 +112,7 @@ class Steps:
     kl_ctrl: Any,
     ref_params: Any,
     batch: TrainBatch,
+    packed: PackedRows | None = None,
   ):
     self.traces['prepare'] += 1
     return prepare(
@@ -121,16 +124,22 @@ class Steps:
       kl_ctrl,
       ref_params,
       batch,
+      packed,
     )
 
   # ------------------------------------------------------------- update
 
-  def _actor_loss(self, params, mic: TrainBatch, counts, key):
+  def _actor_loss(self, params, mic: TrainBatch, counts, key, micro=None):
     run = self.run
     corr = run.losses.correction
-    logp, ent = scoring.response_logp(
-      run, self.graphdef, params, mic, entropy=True
-    )
+    if micro is None:
+      logp, ent = scoring.response_logp(
+        run, self.graphdef, params, mic, entropy=True
+      )
+    else:  # train.packing: the forward pass over the packed rows
+      logp, ent = packed_forward.response_logp(
+        run, self.graphdef, params, micro, entropy=True
+      )
     correction, gap, gap_weights = None, {}, {}
     if run.decoupled and corr is not None:
       correction = corr_lib.Correction(mic.corr_weights, mic.corr_mask, {})
@@ -174,13 +183,18 @@ class Steps:
       norm=self.run.rollout.max_new_tokens,
     )
 
-  def _micro_step(self, state, counts, critic_counts, key, carry, xs):
-    """One micro-batch: its gradients added to the carry, its metrics."""
+  def _micro_step(self, state, counts, critic_counts, key, mb, carry, xs):
+    """One micro-batch: its gradients added to the carry, its metrics.
+    `xs`: (its rows, or with packing its `PackedRows` of the mini-batch
+    `mb`; its index)."""
     g_acc, cg_acc = carry
     mic, i = xs
+    micro = None
+    if isinstance(mic, PackedRows):
+      micro, mic = mic, packed_forward.micro_view(mb, mic.member)
     actor_grad = jax.value_and_grad(self._actor_loss, has_aux=True)
     (loss, (met, gap_weights)), g = actor_grad(
-      state.params, mic, counts, jax.random.fold_in(key, i)
+      state.params, mic, counts, jax.random.fold_in(key, i), micro
     )
     met = dict(met, **{'actor/loss': loss})
     g_acc = jax.tree.map(jnp.add, g_acc, g)
@@ -197,8 +211,11 @@ class Steps:
       typed[k] = reduction.Metric.wavg(met[k], w)
     return (g_acc, cg_acc), typed
 
-  def _minibatch_grads(self, state: TrainState, mb: TrainBatch, key):
-    """Summed micro-batch gradients with global normalisers."""
+  def _minibatch_grads(
+    self, state: TrainState, mb: TrainBatch, key, micros=None
+  ):
+    """Summed micro-batch gradients with global normalisers (`micros`: the
+    mini-batch's `PackedRows` with packing)."""
     run = self.run
     n = run.train.micro_batches
     unit = not run.decoupled  # bypass: the mask is known only per micro
@@ -216,11 +233,10 @@ class Steps:
       zeros(state.critic_params) if run.critic.enabled else None,
     )
     body = functools.partial(
-      self._micro_step, state, counts, critic_counts, key
+      self._micro_step, state, counts, critic_counts, key, mb
     )
-    (grads, cgrads), met = jax.lax.scan(
-      body, init, (scoring.split_micro(mb, n), jnp.arange(n))
-    )
+    parts = scoring.split_micro(mb, n) if micros is None else micros
+    (grads, cgrads), met = jax.lax.scan(body, init, (parts, jnp.arange(n)))
     metrics = reduction.values(reduction.reduce_parts(met))
     if unit:
       kind = objective_config.normalizer_kind(run.losses.actor)
@@ -233,13 +249,17 @@ class Steps:
             metrics[k] = metrics[k] / denom
     return grads, cgrads, metrics
 
-  def _one_update(self, batch: TrainBatch, key, state: TrainState, xs):
-    """One optimizer update on the mini-batch of rows `idx`."""
+  def _one_update(self, batch: TrainBatch, key, packed, state, xs):
+    """One optimizer update on the mini-batch of rows `idx` (with packing:
+    on mini-batch number `idx`)."""
     idx, i = xs
     shard = self.state_shardings
-    sub = jax.tree.map(lambda x: x[idx], batch)
+    if packed is None:
+      sub, micros = jax.tree.map(lambda x: x[idx], batch), None
+    else:
+      sub, micros = packed_forward.minibatch(batch, packed, idx)
     grads, cgrads, metrics = self._minibatch_grads(
-      state, sub, jax.random.fold_in(key, 1000 + i)
+      state, sub, jax.random.fold_in(key, 1000 + i), micros
     )
     metrics['actor/grad_norm'] = optax.tree.norm(grads)
     metrics['actor/lr'] = self.schedule(state.updates)
@@ -265,10 +285,17 @@ class Steps:
       state = state.replace(critic_params=cparams, critic_opt_state=copt)
     return state, metrics
 
-  def _update(self, state: TrainState, batch: TrainBatch):
+  def _update(
+    self,
+    state: TrainState,
+    batch: TrainBatch,
+    packed: PackedRows | None = None,
+  ):
     self.traces['update'] += 1
     t = self.run.train
-    rows = batch.rows
+    # Packing fixes each mini-batch's rows on the host (shuffled there);
+    # the epochs then visit the mini-batches in a shuffled order.
+    rows = batch.rows if packed is None else t.mini_batches
     mb = rows // t.mini_batches
     rng, key = jax.random.split(state.rng)
     order = []
@@ -279,8 +306,10 @@ class Steps:
         perm = jnp.arange(rows)
       order.append(perm.reshape(t.mini_batches, mb))
     order = jnp.concatenate(order, 0)
+    if packed is not None:
+      order = order[:, 0]
     steps = jnp.arange(order.shape[0])
-    body = functools.partial(self._one_update, batch, key)
+    body = functools.partial(self._one_update, batch, key, packed)
     state, metrics = jax.lax.scan(body, state, (order, steps))
     metrics = jax.tree.map(jnp.mean, metrics)
     metrics['actor/updates'] = jnp.asarray(order.shape[0], jnp.float32)
