@@ -28,6 +28,7 @@ older weights its pipeline samples with, `RolloutSource.lagged`).
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -52,6 +53,7 @@ from jaxcorr.train.rollouts.stage import RolloutStage, Scored, make_engine
 from jaxcorr.train.rollouts.weights import copy_tree, engine_params
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.tracker import metrics, reduction, sinks
+from jaxcorr.train.tracker.profile import StepProfiler
 
 
 def _metric_writer(
@@ -153,6 +155,9 @@ class Trainer:
     self.checkpointer = self.checkpoints.checkpointer
     self.writer = _metric_writer(run, workdir, config, primary)
     self.step = 0
+    self.profiler = StepProfiler(
+      run.train.profile_steps, os.path.join(workdir, 'profile')
+    )
     self.sft_done = run.train.sft_steps == 0
     self.preempted = False  # train() stopped on SIGTERM / Ctrl-C
     self._loader_state = self.loader.state()
@@ -252,9 +257,10 @@ class Trainer:
     metrics. Returns what it wrote."""
     t = self.run.train
     t_step = time.perf_counter()
-    out = self.train_on(source.next())
-    self.step += 1
-    out.update(reduction.values(source.publish(self.step)))
+    with self.profiler.step(self.step + 1):
+      out = self.train_on(source.next())
+      self.step += 1
+      out.update(reduction.values(source.publish(self.step)))
     if t.eval_every and (
       self.step % t.eval_every == 0 or self.step == t.num_steps
     ):
@@ -310,6 +316,7 @@ class Trainer:
             self.preempted = True
             break
     finally:
+      self.profiler.stop()
       self.scorer.stop_requested = None
       source.close()
       self.checkpointer.wait()

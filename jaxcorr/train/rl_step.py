@@ -175,6 +175,7 @@ class RLStep:
     self, state: TrainState, ref_params: Any, scored: Scored, step: int
   ) -> tuple[TrainState, dict[str, float]]:
     rb = scored.batch
+    t_host = time.perf_counter()
     host = self.host_metrics(scored, step)
     batch = self.assemble(scored, step)
     packed = self.pack(batch, step) if self.run.train.packing else None
@@ -215,6 +216,10 @@ class RLStep:
     self.empty.check(step, out['batch/valid_tokens'], out)
     out['time/prepare'] = t1 - t0
     out['time/update'] = t2 - t1
+    # The update's host work (validation, assembly, packing, metrics) and
+    # its device time (dispatch to the last result on the host).
+    out['time/train_device'] = t2 - t0
+    out['time/train_host'] = time.perf_counter() - t_host - (t2 - t0)
     out['rollout/policy_version'] = float(scored.version)
     out['perf/train_tokens'] = train_tokens
     if packed is not None:  # real tokens / tokens the packed rows compute

@@ -71,7 +71,7 @@ def spans(batch: TrainBatch) -> tuple[np.ndarray, np.ndarray]:
   row's positions; end == start for a row with no trained token."""
   mask = np.asarray(batch.response_mask, bool)
   seg = np.asarray(batch.segment_ids)
-  b, t = mask.shape
+  t = mask.shape[1]
   p = seg.shape[1] - t
   real = seg != 0
   start = np.where(real.any(1), real.argmax(1), 0)
@@ -127,7 +127,7 @@ def pack(
     shards: the batch shards the packed rows are split over.
     order: a permutation of the rows (the host's shuffle), or None.
   """
-  b, t = np.asarray(batch.response_mask).shape
+  b = np.asarray(batch.response_mask).shape[0]
   length = np.asarray(batch.tokens).shape[1]
   mb = b // mini_batches
   order = np.arange(b) if order is None else np.asarray(order)
@@ -145,7 +145,8 @@ def pack(
     for m, micros in enumerate(per_mini)
     for ix in micros
   )
-  r = max(quantum, -(-(-(-need // length)) // quantum) * quantum)
+  rows_needed = -(-need // length)
+  r = max(quantum, -(-rows_needed // quantum) * quantum)
   while True:
     placed = [
       [
