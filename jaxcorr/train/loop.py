@@ -28,7 +28,6 @@ older weights its pipeline samples with, `RolloutSource.lagged`).
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
@@ -76,19 +75,17 @@ def _metric_writer(
 
 
 class Trainer:
-  """One run of `jaxcorr.main` (see the module docstring). From a
-  ConfigDict (notebooks, benchmarks, tests), in one line:
-  `Trainer.from_config(config, workdir)`.
+  """One run of `jaxcorr.main` (module docstring); from a ConfigDict
+  (notebooks, benchmarks, tests): `Trainer.from_config(config, workdir)`.
 
   Args:
     run: the validated run, `jaxcorr.train.build.build(config)`; the
       Trainer does not check it again.
-    workdir: checkpoints, metrics.jsonl and TensorBoard files.
+    workdir: checkpoints, metrics.jsonl, TensorBoard files and profiles.
     config: the locked ConfigDict `run` was built from: written to
       `workdir`/config.json, and compared with the saved one on resume.
     config_name: the config string, recorded in checkpoints and logs.
-    read_only: build and restore only: write no config, metrics or
-      checkpoints.
+    read_only: build and restore only, writing nothing.
     allow_config_change: resume a workdir whose saved config differs
       (`jaxcorr.train.checkpoints.workdir`).
   """
@@ -155,9 +152,7 @@ class Trainer:
     self.checkpointer = self.checkpoints.checkpointer
     self.writer = _metric_writer(run, workdir, config, primary)
     self.step = 0
-    self.profiler = StepProfiler(
-      run.train.profile_steps, os.path.join(workdir, 'profile')
-    )
+    self.profiler = StepProfiler(run.train.profile_steps, workdir)
     self.sft_done = run.train.sft_steps == 0
     self.preempted = False  # train() stopped on SIGTERM / Ctrl-C
     self._loader_state = self.loader.state()
@@ -316,7 +311,6 @@ class Trainer:
             self.preempted = True
             break
     finally:
-      self.profiler.stop()
       self.scorer.stop_requested = None
       source.close()
       self.checkpointer.wait()

@@ -132,14 +132,9 @@ class Steps:
   def _actor_loss(self, params, mic: TrainBatch, counts, key, micro=None):
     run = self.run
     corr = run.losses.correction
-    if micro is None:
-      logp, ent = scoring.response_logp(
-        run, self.graphdef, params, mic, entropy=True
-      )
-    else:  # train.packing: the forward pass over the packed rows
-      logp, ent = packed_forward.response_logp(
-        run, self.graphdef, params, micro, entropy=True
-      )
+    logp, ent = packed_forward.policy_logp(
+      run, self.graphdef, params, mic, micro, entropy=True
+    )
     correction, gap, gap_weights = None, {}, {}
     if run.decoupled and corr is not None:
       correction = corr_lib.Correction(mic.corr_weights, mic.corr_mask, {})
@@ -254,10 +249,7 @@ class Steps:
     on mini-batch number `idx`)."""
     idx, i = xs
     shard = self.state_shardings
-    if packed is None:
-      sub, micros = jax.tree.map(lambda x: x[idx], batch), None
-    else:
-      sub, micros = packed_forward.minibatch(batch, packed, idx)
+    sub, micros = packed_forward.minibatch(batch, packed, idx)
     grads, cgrads, metrics = self._minibatch_grads(
       state, sub, jax.random.fold_in(key, 1000 + i), micros
     )

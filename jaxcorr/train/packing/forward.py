@@ -23,6 +23,7 @@ from flax import nnx
 from jaxcorr import sharding
 from jaxcorr.model import logprobs_from_hidden
 from jaxcorr.model.layers import matmul_precision
+from jaxcorr.train import scoring
 from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.packing.layout import PackedRows
 from jaxcorr.train.run_config import RunConfig
@@ -69,15 +70,35 @@ def response_logp(
   return _gather(pad(out), micro.gather)
 
 
+def policy_logp(
+  run: RunConfig,
+  graphdef: Any,
+  params: Any,
+  mic: TrainBatch,
+  micro: PackedRows | None,
+  *,
+  entropy: bool = False,
+) -> Any:
+  """The policy's response log-probs (and entropy) `[rows, T]` of the
+  micro-batch `mic`: over its own rows, or with packing (`micro`) over its
+  packed rows."""
+  if micro is None:
+    return scoring.response_logp(run, graphdef, params, mic, entropy=entropy)
+  return response_logp(run, graphdef, params, micro, entropy=entropy)
+
+
 def micro_view(mb: TrainBatch, member: jax.Array) -> TrainBatch:
   """The mini-batch `mb` as one micro-batch's loss sees it: the response
   mask of rows outside the micro-batch (`member` `[mb]` False) off."""
   return mb.replace(response_mask=mb.response_mask & member[:, None])
 
 
-def minibatch(batch: TrainBatch, packed: PackedRows, m: jax.Array):
+def minibatch(batch: TrainBatch, packed: PackedRows | None, m: jax.Array):
   """(the batch rows of mini-batch m `[mb, ...]`, its micro-batches'
-  `PackedRows` `[n, ...]`, `rows` left out: what a scan over them takes)."""
+  `PackedRows` `[n, ...]`, `rows` left out: what a scan over them takes).
+  Unpacked (`packed` None): (the rows `m`, None)."""
+  if packed is None:
+    return jax.tree.map(lambda x: x[m], batch), None
   sub = jax.tree.map(lambda x: x[packed.rows[m]], batch)
   micros = jax.tree.map(lambda x: x[m], packed.replace(rows=None))
   return sub, micros

@@ -51,9 +51,9 @@ def parse_steps(value: str) -> frozenset[int]:
 class StepProfiler:
   """Traces the chosen steps; `step(n)` wraps RL step n (module doc)."""
 
-  def __init__(self, steps: str, logdir: str):
+  def __init__(self, steps: str, workdir: str):
     self.steps = parse_steps(steps)
-    self.logdir = logdir
+    self.logdir = os.path.join(workdir, 'profile')
     self.active = False
 
   @contextlib.contextmanager
@@ -68,9 +68,11 @@ class StepProfiler:
     try:
       with jax.profiler.StepTraceAnnotation('rl_step', step_num=n):
         yield
-    finally:
-      if n + 1 not in self.steps:
-        self.stop()
+    except BaseException:
+      self.stop()  # a failed step ends the trace
+      raise
+    if n + 1 not in self.steps:
+      self.stop()
 
   def stop(self) -> None:
     if self.active:

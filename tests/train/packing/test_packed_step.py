@@ -117,18 +117,19 @@ def test_attention_stays_inside_a_sequence():
   diff = np.abs(np.asarray(moved - base)) * arrays.response_mask
   changed = diff.max(1) > 0  # per batch row, on its trained tokens
   mask = arrays.response_mask.any(1)
-  owner = _owner(packed, row)  # the batch row of segment 1 of that row
+  owner = _owner(packed, arrays.response_mask, row)  # segment 1's row
   assert changed[owner]
   others = mask & (np.arange(arrays.rows) != owner)
   assert not changed[others].any()
 
 
-def _owner(packed, row):
-  """The batch row whose response is read from packed row `row`, segment 1."""
+def _owner(packed, mask, row):
+  """The batch row whose trained tokens are read from packed row `row`,
+  segment 1."""
   length = packed.tokens.shape[-1]
   seg = packed.segment_ids[0, 0].reshape(-1)
   for j, b in enumerate(packed.rows[0]):
-    g = packed.gather[0, 0, j]
+    g = packed.gather[0, 0, j][mask[b]]
     hit = (g // length == row) & (seg[g] == 1)
     if hit.any():
       return int(b)

@@ -24,7 +24,7 @@ def test_steps_parse_and_errors_name_the_field():
 
 
 def test_trace_of_the_chosen_steps_is_written(tmp_path):
-  prof = StepProfiler('2-3', str(tmp_path))
+  prof = StepProfiler('2-3', str(tmp_path))  # traces to tmp_path/profile
   f = jax.jit(lambda x: jnp.sin(x) @ x)
   x = jnp.ones((64, 64))
   for step in (1, 2, 3, 4):
@@ -32,7 +32,7 @@ def test_trace_of_the_chosen_steps_is_written(tmp_path):
       f(x).block_until_ready()
       assert prof.active == (step in (2, 3))
   assert not prof.active
-  runs = glob.glob(os.path.join(tmp_path, 'plugins', 'profile', '*'))
+  runs = glob.glob(os.path.join(tmp_path, 'profile', 'plugins', 'profile', '*'))
   assert len(runs) == 1  # steps 2 and 3: one trace
   files = os.listdir(runs[0])
   assert any(f.endswith('.xplane.pb') for f in files), files  # TensorBoard
