@@ -135,7 +135,8 @@ def logprobs_from_hidden(
     head: [V, D] output projection.
     targets: [B, T] int token ids to score.
     temperature: scalar, [B] or [B, T] (per position).
-    chunk_size: positions per chunk (memory ~ 3 * B * chunk * V * 4 bytes).
+    chunk_size: at most this many positions per chunk (equal chunks; memory
+      ~ 3 * B * chunk * V * 4 bytes).
     return_entropy: also return the entropy of softmax(logits / T).
     dtype: matmul input dtype (default: hidden's); accumulation is float32.
     precision: matmul precision (None: backend default).
@@ -158,7 +159,11 @@ def logprobs_from_hidden(
   dtype = dtype or hidden.dtype
   temp = _temperature(temperature, b, t)
   per_position = temp.ndim == 2
-  c = max(1, min(chunk_size, t))
+  # As few chunks as `chunk_size` allows, of equal size: T = 159 with
+  # chunk_size 128 runs 2 chunks of 80, not 2 of 128 (97 padded positions
+  # would each cost a [V, D] projection).
+  n_chunks = -(-t // max(1, min(chunk_size, t)))
+  c = max(1, -(-t // n_chunks))
   xs = (hidden, targets.astype(jnp.int32))
   if replay:
     xs += (kept_ids.astype(jnp.int32), kept_count.astype(jnp.int32))
