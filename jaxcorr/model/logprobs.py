@@ -94,6 +94,14 @@ def _chunk_stats(
   return logp, entropy, log_mass
 
 
+def _chunk_length(t: int, chunk_size: int) -> int:
+  """As few chunks as `chunk_size` allows, of equal length: T = 159 with
+  chunk_size 128 runs 2 chunks of 80, not 2 of 128 (97 padded positions
+  would each cost a [V, D] projection)."""
+  n = -(-t // max(1, min(chunk_size, t)))
+  return max(1, -(-t // n))
+
+
 def _to_chunks(x: jax.Array, c: int) -> jax.Array:
   """`[B, T, ...]` -> `[n, B, c, ...]`, T zero-padded to n·c: the scan runs
   over chunks, each chunk keeps the batch axis (and its sharding) intact."""
@@ -159,16 +167,12 @@ def logprobs_from_hidden(
   dtype = dtype or hidden.dtype
   temp = _temperature(temperature, b, t)
   per_position = temp.ndim == 2
-  # As few chunks as `chunk_size` allows, of equal size: T = 159 with
-  # chunk_size 128 runs 2 chunks of 80, not 2 of 128 (97 padded positions
-  # would each cost a [V, D] projection).
-  n_chunks = -(-t // max(1, min(chunk_size, t)))
-  c = max(1, -(-t // n_chunks))
+  c = _chunk_length(t, chunk_size)
   xs = (hidden, targets.astype(jnp.int32))
   if replay:
     xs += (kept_ids.astype(jnp.int32), kept_count.astype(jnp.int32))
-  if per_position:  # chunked with the positions (padding: 1, never 0)
-    xs += (jnp.pad(temp, ((0, 0), (0, -(-t // c) * c - t)), constant_values=1),)
+  if per_position:  # chunked with the positions (padding 1: never 1/0)
+    xs += (jnp.pad(temp, ((0, 0), (0, -t % c)), constant_values=1),)
   xs = tuple(_to_chunks(x, c) for x in xs)
 
   # Checkpointed: the backward pass recomputes a chunk's logits instead of
@@ -188,11 +192,8 @@ def logprobs_from_hidden(
 
   _, (logp, ent, log_mass) = jax.lax.scan(body, None, xs)
 
-  out = [_from_chunks(logp, t)]
-  if return_entropy:
-    out.append(_from_chunks(ent, t))
-  if return_kept_mass:
-    out.append(_from_chunks(log_mass, t))
+  out = [logp] + [ent] * return_entropy + [log_mass] * return_kept_mass
+  out = [_from_chunks(x, t) for x in out]
   return out[0] if len(out) == 1 else tuple(out)
 
 

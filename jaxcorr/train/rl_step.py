@@ -32,7 +32,7 @@ from jaxcorr.train.rollouts.stage import Scored
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.state import TrainState
 from jaxcorr.train.step import Steps
-from jaxcorr.train.tracker import metrics, reduction
+from jaxcorr.train.tracker import diagnostics, metrics, reduction
 from jaxcorr.train.tracker.reduction import Metric, Metrics
 
 
@@ -179,6 +179,7 @@ class RLStep:
     host = self.host_metrics(scored, step)
     batch = self.assemble(scored, step)
     packed = self.pack(batch, step) if self.run.train.packing else None
+    light = not diagnostics.full_step(step, self.run.train.metrics_every)
     t0 = time.perf_counter()
     with jax.set_mesh(self.mesh):
       if packed is not None:
@@ -191,6 +192,7 @@ class RLStep:
         ref_params,
         batch_lib.to_device(self.mesh, batch),
         packed,
+        light=light,
       )
       # When prepare's outputs are ready, seen from a watcher thread: the
       # update is dispatched at once behind it, so timing never serialises
@@ -201,7 +203,7 @@ class RLStep:
       state = jax.device_put(
         state.replace(kl_ctrl=kl_ctrl), self.steps.state_shardings
       )
-      state, upd = self.steps.update(state, train_batch, packed)
+      state, upd = self.steps.update(state, train_batch, packed, light=light)
       device_metrics = metrics.to_host_scalars({**prep, **upd})
     t2 = time.perf_counter()
     t1 = min(prepared.wait(), t2)  # the watcher may wake late

@@ -79,6 +79,13 @@ class TrainConfig:
     'max_prompt_length + max_new_tokens tokens, micro-batches balanced by '
     'token count (jaxcorr/train/packing/layout.py; docs/training.md).',
   )
+  metrics_every: int = setting(
+    1,
+    _POS,
+    'Heavy diagnostics (rollout_corr/, actor/ beyond the loss terms) on '
+    'every N-th RL step only; the update is the same on every step '
+    '(jaxcorr/train/tracker/diagnostics.py).',
+  )
   profile_steps: str = setting(
     '',
     profile.steps_rule,

@@ -40,7 +40,7 @@ from jaxcorr.train.packing.layout import PackedRows
 from jaxcorr.train.prepare import gap_arguments, prepare
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.state import TrainState, apply_updates
-from jaxcorr.train.tracker import reduction
+from jaxcorr.train.tracker import diagnostics, reduction
 
 # Loss terms with global normalisers: the micro-batches' values add up.
 SUMMED = frozenset(
@@ -94,8 +94,10 @@ class Steps:
     self.traces = {'prepare': 0, 'update': 0}
     # prepare donates nothing: the params it reads are the ones the update
     # trains next (and, in sync mode, the engine's until the weight sync).
+    # `light` (static): train.metrics_every's steps without diagnostics.
     self.prepare = jax.jit(
       self._prepare,
+      static_argnames='light',
       out_shardings=None
       if state_shardings is None
       else (state_shardings.kl_ctrl, None, None),
@@ -103,7 +105,12 @@ class Steps:
     # The updated state keeps the input's shardings, so the next step's
     # call hits the same compiled executable.
     out = None if state_shardings is None else (state_shardings, None)
-    self.update = jax.jit(self._update, donate_argnums=(0,), out_shardings=out)
+    self.update = jax.jit(
+      self._update,
+      donate_argnums=(0,),
+      static_argnames='light',
+      out_shardings=out,
+    )
 
   def _prepare(
     self,
@@ -113,9 +120,10 @@ class Steps:
     ref_params: Any,
     batch: TrainBatch,
     packed: PackedRows | None = None,
+    light: bool = False,
   ):
     self.traces['prepare'] += 1
-    return prepare(
+    kl_ctrl, batch, metrics = prepare(
       self.run,
       self.graphdef,
       self.critic_graphdef,
@@ -126,6 +134,7 @@ class Steps:
       batch,
       packed,
     )
+    return kl_ctrl, batch, diagnostics.light(metrics) if light else metrics
 
   # ------------------------------------------------------------- update
 
@@ -282,27 +291,34 @@ class Steps:
     state: TrainState,
     batch: TrainBatch,
     packed: PackedRows | None = None,
+    light: bool = False,
   ):
     self.traces['update'] += 1
-    t = self.run.train
-    # Packing fixes each mini-batch's rows on the host (shuffled there);
-    # the epochs then visit the mini-batches in a shuffled order.
-    rows = batch.rows if packed is None else t.mini_batches
-    mb = rows // t.mini_batches
     rng, key = jax.random.split(state.rng)
-    order = []
-    for e in range(t.ppo_epochs):
-      if t.shuffle_minibatches:
-        perm = jax.random.permutation(jax.random.fold_in(key, e), rows)
-      else:
-        perm = jnp.arange(rows)
-      order.append(perm.reshape(t.mini_batches, mb))
-    order = jnp.concatenate(order, 0)
-    if packed is not None:
-      order = order[:, 0]
+    order = update_order(self.run.train, batch.rows, key, packed is not None)
     steps = jnp.arange(order.shape[0])
     body = functools.partial(self._one_update, batch, key, packed)
     state, metrics = jax.lax.scan(body, state, (order, steps))
     metrics = jax.tree.map(jnp.mean, metrics)
     metrics['actor/updates'] = jnp.asarray(order.shape[0], jnp.float32)
-    return state.replace(rng=rng), metrics
+    return state.replace(rng=rng), diagnostics.light(
+      metrics
+    ) if light else metrics
+
+
+def update_order(t: Any, rows: int, key: jax.Array, packed: bool):
+  """The rows of each update, `[epochs x mini_batches, rows/mini_batches]`
+  (`t`: `TrainConfig`). With packing the host fixed each mini-batch's rows
+  (shuffled there): `[epochs x mini_batches]` mini-batch numbers, each
+  epoch visiting the mini-batches in a shuffled order."""
+  rows = t.mini_batches if packed else rows
+  mb = rows // t.mini_batches
+  order = []
+  for e in range(t.ppo_epochs):
+    if t.shuffle_minibatches:
+      perm = jax.random.permutation(jax.random.fold_in(key, e), rows)
+    else:
+      perm = jnp.arange(rows)
+    order.append(perm.reshape(t.mini_batches, mb))
+  order = jnp.concatenate(order, 0)
+  return order[:, 0] if packed else order
