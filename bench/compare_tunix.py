@@ -34,11 +34,13 @@ gives median tokens/s and the median paired ratio.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import statistics
 import sys
 import time
+import types
 
 import numpy as np
 import rollout as bench  # bench/rollout.py: workloads, workers, report
@@ -161,7 +163,12 @@ def _tunix_train_worker() -> None:
   )
   model = llama3.Llama3(config, rngs=nnx.Rngs(0))
   opt = nnx.Optimizer(model, optax.adamw(1e-5), wrt=nnx.Param)
-  algo = grpo_learner.GRPOConfig(beta=0.0, num_generations=bench.SAMPLES)
+  # grpo_loss_fn reads `temperature`, which 0.1.7's GRPOConfig lacks (its
+  # learner passes a config that has it): the same fields plus T = 1.
+  algo = types.SimpleNamespace(
+    **vars(grpo_learner.GRPOConfig(beta=0.0, num_generations=bench.SAMPLES)),
+    temperature=1.0,
+  )
   pad, eos = 0, m['vocab_size'] - 1  # synthetic ids are >= 1
 
   @nnx.jit
@@ -225,19 +232,16 @@ def train_main(args) -> None:
   here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   path = {'PYTHONPATH': f'{here}:{os.path.join(here, "bench")}'}
   me = os.path.abspath(__file__)
-  workers = [
-    bench.Worker(
-      'jaxcorr packed', [sys.executable, me, '--worker=jaxcorr_packed'],
-      here, path,
-    ),
-    bench.Worker(
-      'jaxcorr padded', [sys.executable, me, '--worker=jaxcorr_padded'],
-      here, path,
-    ),
-    bench.Worker(
-      'tunix', [args.tunix_python, me, '--worker=tunix_train'], here, path
-    ),
-  ]  # fmt: skip
+  specs = [
+    ('jaxcorr packed', [sys.executable, me, '--worker=jaxcorr_packed']),
+    ('jaxcorr padded', [sys.executable, me, '--worker=jaxcorr_padded']),
+    ('tunix', [args.tunix_python, me, '--worker=tunix_train']),
+  ]
+  # The workers compile and warm up side by side; the timed runs alternate.
+  with concurrent.futures.ThreadPoolExecutor(len(specs)) as pool:
+    workers = list(
+      pool.map(lambda s: bench.Worker(s[0], s[1], here, path), specs)
+    )
   out = {w: {k.label: [] for k in workers} for w in TRAIN_WORKLOADS}
   try:
     for rep in range(args.reps):
