@@ -11,7 +11,7 @@ from jaxcorr.train import build
 from jaxcorr.train.packing import layout
 from tests.helpers.step_batches import P, step_arrays
 from tests.helpers.trainer_config import pulse_config
-from tests.train.packing.wide_rows import widen
+from tests.helpers.wide_rows import widen
 
 
 @pytest.fixture(scope='module')

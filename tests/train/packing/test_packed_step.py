@@ -25,7 +25,7 @@ from tests.helpers.tolerance import (
   assert_close,
 )
 from tests.helpers.trainer_config import pulse_config
-from tests.train.packing.wide_rows import widen
+from tests.helpers.wide_rows import widen
 
 
 def _run(preset, **train):
