@@ -128,19 +128,18 @@ def _tunix_worker() -> None:
 TRAIN_WORKLOADS = ('full', 'realistic')
 
 
-def _train_serve(run, name: str) -> None:
-  """Worker loop of the train part: compile and warm both workloads, then
+def _train_serve(run, name: str, loads: list[str]) -> None:
+  """Worker loop of the train part: compile and warm the workloads, then
   answer '<workload> <seed>' lines with one JSON line each."""
-  for w in TRAIN_WORKLOADS:
+  for w in loads:  # compiles: every later call has its shapes
     run(w, 0)
-    run(w, 1)
   print(json.dumps(dict(ready=name)), flush=True)
   for line in sys.stdin:
     w, seed = line.split()
     print(json.dumps(run(w, int(seed))), flush=True)
 
 
-def _tunix_train_worker() -> None:
+def _tunix_train_worker(loads: list[str]) -> None:
   import jax
   import jax.numpy as jnp
   import optax
@@ -181,7 +180,7 @@ def _tunix_train_worker() -> None:
     return val
 
   examples = {}
-  for w in TRAIN_WORKLOADS:
+  for w in loads:
     b = bench.train_rows(full_length=w == 'full')
     p = bench.PROMPT_LEN
     adv = np.where(b['reward'] > 0, 1.0, -1.0).astype(np.float32)
@@ -203,10 +202,10 @@ def _tunix_train_worker() -> None:
     real = int(ex.prompt_mask.sum() + ex.completion_mask.sum())
     return dict(seconds=time.perf_counter() - t0, tokens=real, lengths=[])
 
-  _train_serve(run, name='tunix grpo_loss_fn')
+  _train_serve(run, 'tunix grpo_loss_fn', loads)
 
 
-def _jaxcorr_train_worker(packing: bool) -> None:
+def _jaxcorr_train_worker(packing: bool, loads: list[str]) -> None:
   import update  # bench/update.py
 
   args = argparse.Namespace(
@@ -214,7 +213,7 @@ def _jaxcorr_train_worker(packing: bool) -> None:
   )
   sides = {
     w: update.Side(args, packing, update.synthetic_batch(w == 'full'))
-    for w in TRAIN_WORKLOADS
+    for w in loads
   }
 
   def run(workload: str, seed: int) -> dict:
@@ -224,7 +223,7 @@ def _jaxcorr_train_worker(packing: bool) -> None:
     real = int(s.host.segment_ids.sum())
     return dict(seconds=t['total'], tokens=real, lengths=[])
 
-  _train_serve(run, name=f'jaxcorr packing={packing}')
+  _train_serve(run, f'jaxcorr packing={packing}', loads)
 
 
 def train_main(args) -> None:
@@ -232,21 +231,25 @@ def train_main(args) -> None:
   here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   path = {'PYTHONPATH': f'{here}:{os.path.join(here, "bench")}'}
   me = os.path.abspath(__file__)
+  flag = f'--workloads={args.workloads}'
   specs = [
-    ('jaxcorr packed', [sys.executable, me, '--worker=jaxcorr_packed']),
-    ('jaxcorr padded', [sys.executable, me, '--worker=jaxcorr_padded']),
-    ('tunix', [args.tunix_python, me, '--worker=tunix_train']),
+    (f'jaxcorr {side}', [sys.executable, me, f'--worker=jaxcorr_{side}'])
+    for side in args.sides.split(',')
   ]
+  specs.append(('tunix', [args.tunix_python, me, '--worker=tunix_train']))
+  specs = [(label, [*cmd, flag]) for label, cmd in specs]
   # The workers compile and warm up side by side; the timed runs alternate.
   with concurrent.futures.ThreadPoolExecutor(len(specs)) as pool:
     workers = list(
       pool.map(lambda s: bench.Worker(s[0], s[1], here, path), specs)
     )
-  out = {w: {k.label: [] for k in workers} for w in TRAIN_WORKLOADS}
+  loads = args.workloads.split(',')
+  out = {w: {k.label: [] for k in workers} for w in loads}
   try:
     for rep in range(args.reps):
-      for w in TRAIN_WORKLOADS:
-        order = workers[rep % 3 :] + workers[: rep % 3]
+      for w in loads:
+        r = rep % len(workers)
+        order = workers[r:] + workers[:r]
         for k in order:
           out[w][k.label].append(k.run(w, rep))
   finally:
@@ -259,7 +262,7 @@ def train_main(args) -> None:
         f'({w}) {k:15s} median {statistics.median(v):7.0f} tok/s '
         f'[{min(v):.0f}-{max(v):.0f}]'
       )
-    for k in ('jaxcorr packed', 'jaxcorr padded'):
+    for k in (k for k in tps if k != 'tunix'):
       ratios = [a / b for a, b in zip(tps[k], tps['tunix'])]
       print(
         f'({w}) {k} / tunix: median {statistics.median(ratios):.2f}x '
@@ -271,6 +274,8 @@ def train_main(args) -> None:
 def main() -> None:
   ap = argparse.ArgumentParser()
   ap.add_argument('--part', choices=('rollout', 'train'), default='rollout')
+  ap.add_argument('--workloads', default=','.join(TRAIN_WORKLOADS))
+  ap.add_argument('--sides', default='packed,padded')
   ap.add_argument('--worker', nargs='?', const='tunix', default=None)
   ap.add_argument('--tunix-python', default='/work/tunix-venv/bin/python')
   ap.add_argument('--reps', type=int, default=5)
@@ -279,11 +284,12 @@ def main() -> None:
   if args.worker == 'tunix':
     _tunix_worker()
     return
+  loads = args.workloads.split(',')
   if args.worker == 'tunix_train':
-    _tunix_train_worker()
+    _tunix_train_worker(loads)
     return
   if args.worker in ('jaxcorr_packed', 'jaxcorr_padded'):
-    _jaxcorr_train_worker(args.worker == 'jaxcorr_packed')
+    _jaxcorr_train_worker(args.worker == 'jaxcorr_packed', loads)
     return
   if args.part == 'train':
     train_main(args)
