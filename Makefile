@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(PY) bench/rollout.py
 	$(PY) bench/decode_profile.py
 	$(PY) bench/train.py
+	$(PY) bench/update.py
 	$(PY) bench/async_modes.py
 	$(PY) bench/inflight_kv.py
 	$(PY) bench/evaluation.py --model=tiny --prompts=64

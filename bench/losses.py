@@ -300,6 +300,14 @@ def main() -> None:
       f'{n / j:6.1f}x faster than NumPy; without metrics '
       f'{core / floor_ms:5.2f}x the floor'
     )
+    # train.metrics_every=N: one step in N computes the diagnostics
+    # (jaxcorr/train/tracker/diagnostics.py); the mean cost per step.
+    for every in (10,):
+      mean = (j + (every - 1) * core) / every
+      print(
+        f'  {mode:9s}: with metrics_every={every}: '
+        f'{mean / floor_ms:5.2f}x the floor per step on average'
+      )
 
 
 if __name__ == '__main__':

@@ -12,6 +12,9 @@ wall time of each phase, and the FLOP rate of the phases that are
 matmul-bound (prepare: one forward for π_old; update: forward + backward)
 as a fraction of a dense-matmul peak measured right before that step (this
 machine is shared: peak and step see the same load).
+
+The update alone, packed (`train.packing`) vs padded rows on realistic
+response lengths, with its prepare/update/host split: bench/update.py.
 """
 
 from __future__ import annotations

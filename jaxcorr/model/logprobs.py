@@ -39,13 +39,21 @@ from jaxcorr.sharding import constrain
 DEFAULT_CHUNK = 128
 
 
-def _temperature(temperature: float | jax.Array, batch: int) -> jax.Array:
-  """Temperature as [B or 1, 1, 1] float32 (a scalar or one per row)."""
+def _temperature(
+  temperature: float | jax.Array, batch: int, length: int | None = None
+) -> jax.Array:
+  """Temperature as [B or 1, 1, 1] float32 (a scalar or one per row), or
+  [B, T] (one per position: packed rows hold sequences of several rows)."""
   t = jnp.asarray(temperature, jnp.float32)
   if t.ndim == 0:
     return t.reshape(1, 1, 1)
+  if length is not None and t.shape == (batch, length):
+    return t
   if t.shape != (batch,):
-    raise ValueError(f'temperature shape {t.shape}: expected () or ({batch},)')
+    raise ValueError(
+      f'temperature shape {t.shape}: expected (), ({batch},) or '
+      f'({batch}, {length})'
+    )
   return t.reshape(batch, 1, 1)
 
 
@@ -84,6 +92,14 @@ def _chunk_stats(
   probs = jnp.exp(logits - lse[..., None])
   entropy = lse - jnp.sum(entropy_terms(probs, logits), axis=-1)
   return logp, entropy, log_mass
+
+
+def _chunk_length(t: int, chunk_size: int) -> int:
+  """As few chunks as `chunk_size` allows, of equal length: T = 159 with
+  chunk_size 128 runs 2 chunks of 80, not 2 of 128 (97 padded positions
+  would each cost a [V, D] projection)."""
+  n = -(-t // max(1, min(chunk_size, t)))
+  return max(1, -(-t // n))
 
 
 def _to_chunks(x: jax.Array, c: int) -> jax.Array:
@@ -126,8 +142,9 @@ def logprobs_from_hidden(
     hidden: [B, T, D] final hidden states.
     head: [V, D] output projection.
     targets: [B, T] int token ids to score.
-    temperature: scalar or [B].
-    chunk_size: positions per chunk (memory ~ 3 * B * chunk * V * 4 bytes).
+    temperature: scalar, [B] or [B, T] (per position).
+    chunk_size: at most this many positions per chunk (equal chunks; memory
+      ~ 3 * B * chunk * V * 4 bytes).
     return_entropy: also return the entropy of softmax(logits / T).
     dtype: matmul input dtype (default: hidden's); accumulation is float32.
     precision: matmul precision (None: backend default).
@@ -148,11 +165,14 @@ def logprobs_from_hidden(
       'them'
     )
   dtype = dtype or hidden.dtype
-  temp = _temperature(temperature, b)
-  c = max(1, min(chunk_size, t))
+  temp = _temperature(temperature, b, t)
+  per_position = temp.ndim == 2
+  c = _chunk_length(t, chunk_size)
   xs = (hidden, targets.astype(jnp.int32))
   if replay:
     xs += (kept_ids.astype(jnp.int32), kept_count.astype(jnp.int32))
+  if per_position:  # chunked with the positions (padding 1: never 1/0)
+    xs += (jnp.pad(temp, ((0, 0), (0, -t % c)), constant_values=1),)
   xs = tuple(_to_chunks(x, c) for x in xs)
 
   # Checkpointed: the backward pass recomputes a chunk's logits instead of
@@ -166,15 +186,14 @@ def logprobs_from_hidden(
     )  # fmt: skip
 
   def body(carry, xs_c):
+    if per_position:
+      return carry, chunk(xs_c[:-1], head, xs_c[-1][..., None])
     return carry, chunk(xs_c, head, temp)
 
   _, (logp, ent, log_mass) = jax.lax.scan(body, None, xs)
 
-  out = [_from_chunks(logp, t)]
-  if return_entropy:
-    out.append(_from_chunks(ent, t))
-  if return_kept_mass:
-    out.append(_from_chunks(log_mass, t))
+  out = [logp] + [ent] * return_entropy + [log_mass] * return_kept_mass
+  out = [_from_chunks(x, t) for x in out]
   return out[0] if len(out) == 1 else tuple(out)
 
 

@@ -204,6 +204,15 @@ def check_combinations(run: RunConfig) -> None:
       '(the policy loss and the entropy/KL terms would need different '
       'global divisors)',
     )
+  if t.packing and r.logprob_mode != 'full':
+    fail(
+      'config.rollout.logprob_mode',
+      r.logprob_mode,
+      "'full' with train.packing=True (the truncated and replay log-probs "
+      'read unpacked rows)',
+    )
+  if t.packing and run.critic.enabled:
+    fail('config.train.packing', True, 'False with critic.enabled=True')
   span = r.max_prompt_length + r.max_new_tokens
   if not run.model.hf_path and span > run.model.max_position_embeddings:
     fail(

@@ -51,6 +51,7 @@ from jaxcorr.train.rollouts.stage import RolloutStage, Scored, make_engine
 from jaxcorr.train.rollouts.weights import copy_tree, engine_params
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.tracker import metrics, reduction, sinks
+from jaxcorr.train.tracker.profile import StepProfiler
 
 
 def _metric_writer(
@@ -73,19 +74,17 @@ def _metric_writer(
 
 
 class Trainer:
-  """One run of `jaxcorr.main` (see the module docstring). From a
-  ConfigDict (notebooks, benchmarks, tests), in one line:
-  `Trainer.from_config(config, workdir)`.
+  """One run of `jaxcorr.main` (module docstring); from a ConfigDict
+  (notebooks, benchmarks, tests): `Trainer.from_config(config, workdir)`.
 
   Args:
     run: the validated run, `jaxcorr.train.build.build(config)`; the
       Trainer does not check it again.
-    workdir: checkpoints, metrics.jsonl and TensorBoard files.
+    workdir: checkpoints, metrics.jsonl, TensorBoard files and profiles.
     config: the locked ConfigDict `run` was built from: written to
       `workdir`/config.json, and compared with the saved one on resume.
     config_name: the config string, recorded in checkpoints and logs.
-    read_only: build and restore only: write no config, metrics or
-      checkpoints.
+    read_only: build and restore only, writing nothing.
     allow_config_change: resume a workdir whose saved config differs
       (`jaxcorr.train.checkpoints.workdir`).
   """
@@ -152,6 +151,7 @@ class Trainer:
     self.checkpointer = self.checkpoints.checkpointer
     self.writer = _metric_writer(run, workdir, config, primary)
     self.step = 0
+    self.profiler = StepProfiler(run.train.profile_steps, workdir)
     self.sft_done = run.train.sft_steps == 0
     self.preempted = False  # train() stopped on SIGTERM / Ctrl-C
     self._loader_state = self.loader.state()
@@ -251,9 +251,10 @@ class Trainer:
     metrics. Returns what it wrote."""
     t = self.run.train
     t_step = time.perf_counter()
-    out = self.train_on(source.next())
-    self.step += 1
-    out.update(reduction.values(source.publish(self.step)))
+    with self.profiler.step(self.step + 1):
+      out = self.train_on(source.next())
+      self.step += 1
+      out.update(reduction.values(source.publish(self.step)))
     if t.eval_every and (
       self.step % t.eval_every == 0 or self.step == t.num_steps
     ):

@@ -27,6 +27,8 @@ from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import masked, rewards
 from jaxcorr.train import scoring
 from jaxcorr.train.batch import TrainBatch
+from jaxcorr.train.packing import forward as packed_forward
+from jaxcorr.train.packing.layout import PackedRows
 from jaxcorr.train.rollouts import staleness
 from jaxcorr.train.run_config import RunConfig
 
@@ -40,9 +42,11 @@ def prepare(
   kl_ctrl: rewards.KLControllerState,
   ref_params: Any,
   batch: TrainBatch,
+  packed: PackedRows | None = None,
 ) -> tuple[rewards.KLControllerState, TrainBatch, dict[str, jax.Array]]:
   """(the KL controller after this step, `batch` with the training fields
-  filled, metrics of the global batch)."""
+  filled, metrics of the global batch); with `packed` (`train.packing`)
+  the forward passes run over its packed rows."""
   alg = run.algorithm
   sg = jax.lax.stop_gradient
   mask = batch.response_mask
@@ -52,17 +56,22 @@ def prepare(
   def logp(p, rows):
     return scoring.response_logp(run, graphdef, p, rows)
 
+  def packed_logp(p, micro):
+    return packed_forward.response_logp(run, graphdef, p, micro)
+
+  def policy_logp(p):
+    if packed is None:
+      return sg(scoring.in_chunks(logp, p, batch, chunks))
+    return sg(packed_forward.in_micro_batches(packed_logp, p, packed, b))
+
   def values(p, rows):
     return scoring.critic_values(critic_graphdef, p, rows)
 
+  b = batch.rows
   if run.decoupled:
-    batch = batch.replace(
-      old_logp=sg(scoring.in_chunks(logp, params, batch, chunks))
-    )
+    batch = batch.replace(old_logp=policy_logp(params))
   if run.needs_ref:
-    batch = batch.replace(
-      ref_logp=sg(scoring.in_chunks(logp, ref_params, batch, chunks))
-    )
+    batch = batch.replace(ref_logp=policy_logp(ref_params))
   if run.critic.enabled:
     batch = batch.replace(
       values=sg(scoring.in_chunks(values, critic_params, batch, chunks))

@@ -25,12 +25,14 @@ from absl import logging
 
 from jaxcorr.rollout import ValidationConfig, validate_rollout_batch
 from jaxcorr.train import batch as batch_lib
+from jaxcorr.train.packing import forward as packed_forward
+from jaxcorr.train.packing import layout as packing
 from jaxcorr.train.rollouts import staleness
 from jaxcorr.train.rollouts.stage import Scored
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.state import TrainState
 from jaxcorr.train.step import Steps
-from jaxcorr.train.tracker import metrics, reduction
+from jaxcorr.train.tracker import diagnostics, metrics, reduction
 from jaxcorr.train.tracker.reduction import Metric, Metrics
 
 
@@ -80,6 +82,12 @@ class RLStep:
     t = run.train
     local_shards = max(batch_shards // jax.process_count(), 1)
     self.row_multiple = t.mini_batches * t.micro_batches * local_shards
+    self.local_shards = local_shards
+    if t.packing and jax.process_count() > 1:
+      raise ValueError(
+        'config.train.packing=True runs on one process (every packed shape '
+        'is chosen on the host); allowed: False with several processes'
+      )
     r = run.rollout
     self.empty = staleness.EmptyBatches(
       limit=r.max_empty_batches,
@@ -147,20 +155,44 @@ class RLStep:
     offset = jax.process_index() * batch.rows
     return batch.replace(group_ids=batch.group_ids + offset)
 
+  def pack(self, batch: batch_lib.TrainBatch, step: int) -> Any:
+    """`train.packing`: the batch's `PackedRows` (rows shuffled on the host
+    from (train.seed, step) when the mini-batches are shuffled)."""
+    t = self.run.train
+    order = None
+    if t.shuffle_minibatches:
+      rng = np.random.default_rng((t.seed, step))
+      order = rng.permutation(batch.rows)
+    return packing.pack(
+      batch,
+      mini_batches=t.mini_batches,
+      micro_batches=t.micro_batches,
+      shards=self.local_shards,
+      order=order,
+    )
+
   def __call__(
     self, state: TrainState, ref_params: Any, scored: Scored, step: int
   ) -> tuple[TrainState, dict[str, float]]:
     rb = scored.batch
+    t_host = time.perf_counter()
     host = self.host_metrics(scored, step)
     batch = self.assemble(scored, step)
+    packed = self.pack(batch, step) if self.run.train.packing else None
+    light = not diagnostics.full_step(step, self.run.train.metrics_every)
     t0 = time.perf_counter()
     with jax.set_mesh(self.mesh):
+      if packed is not None:
+        fill = packing.packed_tokens(packed) / packed.tokens.size
+        packed = packed_forward.to_device(self.mesh, packed)
       kl_ctrl, train_batch, prep = self.steps.prepare(
         state.params,
         state.critic_params,
         state.kl_ctrl,
         ref_params,
         batch_lib.to_device(self.mesh, batch),
+        packed,
+        light=light,
       )
       # When prepare's outputs are ready, seen from a watcher thread: the
       # update is dispatched at once behind it, so timing never serialises
@@ -171,7 +203,7 @@ class RLStep:
       state = jax.device_put(
         state.replace(kl_ctrl=kl_ctrl), self.steps.state_shardings
       )
-      state, upd = self.steps.update(state, train_batch)
+      state, upd = self.steps.update(state, train_batch, packed, light=light)
       device_metrics = metrics.to_host_scalars({**prep, **upd})
     t2 = time.perf_counter()
     t1 = min(prepared.wait(), t2)  # the watcher may wake late
@@ -186,6 +218,12 @@ class RLStep:
     self.empty.check(step, out['batch/valid_tokens'], out)
     out['time/prepare'] = t1 - t0
     out['time/update'] = t2 - t1
+    # The update's host work (validation, assembly, packing, metrics) and
+    # its device time (dispatch to the last result on the host).
+    out['time/train_device'] = t2 - t0
+    out['time/train_host'] = time.perf_counter() - t_host - (t2 - t0)
     out['rollout/policy_version'] = float(scored.version)
     out['perf/train_tokens'] = train_tokens
+    if packed is not None:  # real tokens / tokens the packed rows compute
+      out['perf/packed_fill'] = fill
     return state, out

@@ -46,7 +46,7 @@ from jaxcorr.train.evals.config import EvalConfig
 from jaxcorr.train.policy import ModelConfig
 from jaxcorr.train.rollouts.config import RolloutConfig
 from jaxcorr.train.state import OptimConfig
-from jaxcorr.train.tracker import sinks
+from jaxcorr.train.tracker import profile, sinks
 
 _POS, _NAT = integer(1), integer(0)
 
@@ -73,6 +73,26 @@ class TrainConfig:
     True,
     boolean,
     'Shuffle rows before splitting into mini-batches (PRNG from train.seed).',
+  )
+  packing: bool = setting(
+    False,
+    boolean,
+    "Pack each micro-batch's sequences (prompt + response) into rows of "
+    'max_prompt_length + max_new_tokens tokens, micro-batches balanced by '
+    'token count (jaxcorr/train/packing/layout.py; docs/training.md).',
+  )
+  metrics_every: int = setting(
+    1,
+    _POS,
+    'Heavy diagnostics (rollout_corr/, actor/ beyond the loss terms) on '
+    'every N-th RL step only; the update is the same on every step '
+    '(jaxcorr/train/tracker/diagnostics.py).',
+  )
+  profile_steps: str = setting(
+    '',
+    profile.steps_rule,
+    "RL steps (1-based, e.g. '3,5-6') to trace with jax.profiler into "
+    "<workdir>/profile (TensorBoard / Perfetto; '': off).",
   )
   checkpoint_every: int = setting(
     50, _NAT, 'Save every N RL steps (0: only at the end and on SIGTERM).'

@@ -35,10 +35,12 @@ from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective, objective_config, value
 from jaxcorr.train import scoring
 from jaxcorr.train.batch import TrainBatch
+from jaxcorr.train.packing import forward as packed_forward
+from jaxcorr.train.packing.layout import PackedRows
 from jaxcorr.train.prepare import gap_arguments, prepare
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.state import TrainState, apply_updates
-from jaxcorr.train.tracker import reduction
+from jaxcorr.train.tracker import diagnostics, reduction
 
 # Loss terms with global normalisers: the micro-batches' values add up.
 SUMMED = frozenset(
@@ -92,8 +94,10 @@ class Steps:
     self.traces = {'prepare': 0, 'update': 0}
     # prepare donates nothing: the params it reads are the ones the update
     # trains next (and, in sync mode, the engine's until the weight sync).
+    # `light` (static): train.metrics_every's steps without diagnostics.
     self.prepare = jax.jit(
       self._prepare,
+      static_argnames='light',
       out_shardings=None
       if state_shardings is None
       else (state_shardings.kl_ctrl, None, None),
@@ -101,7 +105,12 @@ class Steps:
     # The updated state keeps the input's shardings, so the next step's
     # call hits the same compiled executable.
     out = None if state_shardings is None else (state_shardings, None)
-    self.update = jax.jit(self._update, donate_argnums=(0,), out_shardings=out)
+    self.update = jax.jit(
+      self._update,
+      donate_argnums=(0,),
+      static_argnames='light',
+      out_shardings=out,
+    )
 
   def _prepare(
     self,
@@ -110,9 +119,11 @@ class Steps:
     kl_ctrl: Any,
     ref_params: Any,
     batch: TrainBatch,
+    packed: PackedRows | None = None,
+    light: bool = False,
   ):
     self.traces['prepare'] += 1
-    return prepare(
+    kl_ctrl, batch, metrics = prepare(
       self.run,
       self.graphdef,
       self.critic_graphdef,
@@ -121,15 +132,17 @@ class Steps:
       kl_ctrl,
       ref_params,
       batch,
+      packed,
     )
+    return kl_ctrl, batch, diagnostics.light(metrics) if light else metrics
 
   # ------------------------------------------------------------- update
 
-  def _actor_loss(self, params, mic: TrainBatch, counts, key):
+  def _actor_loss(self, params, mic: TrainBatch, counts, key, micro=None):
     run = self.run
     corr = run.losses.correction
-    logp, ent = scoring.response_logp(
-      run, self.graphdef, params, mic, entropy=True
+    logp, ent = packed_forward.policy_logp(
+      run, self.graphdef, params, mic, micro, entropy=True
     )
     correction, gap, gap_weights = None, {}, {}
     if run.decoupled and corr is not None:
@@ -174,13 +187,18 @@ class Steps:
       norm=self.run.rollout.max_new_tokens,
     )
 
-  def _micro_step(self, state, counts, critic_counts, key, carry, xs):
-    """One micro-batch: its gradients added to the carry, its metrics."""
+  def _micro_step(self, state, counts, critic_counts, key, mb, carry, xs):
+    """One micro-batch: its gradients added to the carry, its metrics.
+    `xs`: (its rows, or with packing its `PackedRows` of the mini-batch
+    `mb`; its index)."""
     g_acc, cg_acc = carry
     mic, i = xs
+    micro = None
+    if isinstance(mic, PackedRows):
+      micro, mic = mic, packed_forward.micro_view(mb, mic.member)
     actor_grad = jax.value_and_grad(self._actor_loss, has_aux=True)
     (loss, (met, gap_weights)), g = actor_grad(
-      state.params, mic, counts, jax.random.fold_in(key, i)
+      state.params, mic, counts, jax.random.fold_in(key, i), micro
     )
     met = dict(met, **{'actor/loss': loss})
     g_acc = jax.tree.map(jnp.add, g_acc, g)
@@ -197,8 +215,11 @@ class Steps:
       typed[k] = reduction.Metric.wavg(met[k], w)
     return (g_acc, cg_acc), typed
 
-  def _minibatch_grads(self, state: TrainState, mb: TrainBatch, key):
-    """Summed micro-batch gradients with global normalisers."""
+  def _minibatch_grads(
+    self, state: TrainState, mb: TrainBatch, key, micros=None
+  ):
+    """Summed micro-batch gradients with global normalisers (`micros`: the
+    mini-batch's `PackedRows` with packing)."""
     run = self.run
     n = run.train.micro_batches
     unit = not run.decoupled  # bypass: the mask is known only per micro
@@ -216,11 +237,10 @@ class Steps:
       zeros(state.critic_params) if run.critic.enabled else None,
     )
     body = functools.partial(
-      self._micro_step, state, counts, critic_counts, key
+      self._micro_step, state, counts, critic_counts, key, mb
     )
-    (grads, cgrads), met = jax.lax.scan(
-      body, init, (scoring.split_micro(mb, n), jnp.arange(n))
-    )
+    parts = scoring.split_micro(mb, n) if micros is None else micros
+    (grads, cgrads), met = jax.lax.scan(body, init, (parts, jnp.arange(n)))
     metrics = reduction.values(reduction.reduce_parts(met))
     if unit:
       kind = objective_config.normalizer_kind(run.losses.actor)
@@ -233,13 +253,14 @@ class Steps:
             metrics[k] = metrics[k] / denom
     return grads, cgrads, metrics
 
-  def _one_update(self, batch: TrainBatch, key, state: TrainState, xs):
-    """One optimizer update on the mini-batch of rows `idx`."""
+  def _one_update(self, batch: TrainBatch, key, packed, state, xs):
+    """One optimizer update on the mini-batch of rows `idx` (with packing:
+    on mini-batch number `idx`)."""
     idx, i = xs
     shard = self.state_shardings
-    sub = jax.tree.map(lambda x: x[idx], batch)
+    sub, micros = packed_forward.minibatch(batch, packed, idx)
     grads, cgrads, metrics = self._minibatch_grads(
-      state, sub, jax.random.fold_in(key, 1000 + i)
+      state, sub, jax.random.fold_in(key, 1000 + i), micros
     )
     metrics['actor/grad_norm'] = optax.tree.norm(grads)
     metrics['actor/lr'] = self.schedule(state.updates)
@@ -265,23 +286,39 @@ class Steps:
       state = state.replace(critic_params=cparams, critic_opt_state=copt)
     return state, metrics
 
-  def _update(self, state: TrainState, batch: TrainBatch):
+  def _update(
+    self,
+    state: TrainState,
+    batch: TrainBatch,
+    packed: PackedRows | None = None,
+    light: bool = False,
+  ):
     self.traces['update'] += 1
-    t = self.run.train
-    rows = batch.rows
-    mb = rows // t.mini_batches
     rng, key = jax.random.split(state.rng)
-    order = []
-    for e in range(t.ppo_epochs):
-      if t.shuffle_minibatches:
-        perm = jax.random.permutation(jax.random.fold_in(key, e), rows)
-      else:
-        perm = jnp.arange(rows)
-      order.append(perm.reshape(t.mini_batches, mb))
-    order = jnp.concatenate(order, 0)
+    order = update_order(self.run.train, batch.rows, key, packed is not None)
     steps = jnp.arange(order.shape[0])
-    body = functools.partial(self._one_update, batch, key)
+    body = functools.partial(self._one_update, batch, key, packed)
     state, metrics = jax.lax.scan(body, state, (order, steps))
     metrics = jax.tree.map(jnp.mean, metrics)
     metrics['actor/updates'] = jnp.asarray(order.shape[0], jnp.float32)
-    return state.replace(rng=rng), metrics
+    return state.replace(rng=rng), diagnostics.light(
+      metrics
+    ) if light else metrics
+
+
+def update_order(t: Any, rows: int, key: jax.Array, packed: bool):
+  """The rows of each update, `[epochs x mini_batches, rows/mini_batches]`
+  (`t`: `TrainConfig`). With packing the host fixed each mini-batch's rows
+  (shuffled there): `[epochs x mini_batches]` mini-batch numbers, each
+  epoch visiting the mini-batches in a shuffled order."""
+  rows = t.mini_batches if packed else rows
+  mb = rows // t.mini_batches
+  order = []
+  for e in range(t.ppo_epochs):
+    if t.shuffle_minibatches:
+      perm = jax.random.permutation(jax.random.fold_in(key, e), rows)
+    else:
+      perm = jnp.arange(rows)
+    order.append(perm.reshape(t.mini_batches, mb))
+  order = jnp.concatenate(order, 0)
+  return order[:, 0] if packed else order

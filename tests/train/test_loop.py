@@ -7,6 +7,7 @@ exact resume, reward-function failures, and the metrics.jsonl contract
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import shutil
@@ -187,13 +188,22 @@ def test_step_breakdown_metrics_and_export(tmp_path):
   writes, and `jaxcorr.export` of its last checkpoint to a HF directory that
   `load_hf` reads back as the same model."""
   trainer, _ = _train(
-    pulse_config('bypass_ppo_clip', length_reward=True), tmp_path / 'run'
+    pulse_config(
+      'bypass_ppo_clip', length_reward=True, train__profile_steps='2'
+    ),
+    tmp_path / 'run',
   )
   r = _read(tmp_path / 'run')[-1]
+  # train.profile_steps: step 2's trace, for TensorBoard and Perfetto.
+  traces = glob.glob(str(tmp_path / 'run/profile/plugins/profile/*/*'))
+  assert any(t.endswith('.xplane.pb') for t in traces), traces
+  assert any(t.endswith('.trace.json.gz') for t in traces), traces
   for k in (
     'time/rollout',
     'time/prepare',
     'time/update',
+    'time/train_host',
+    'time/train_device',
     'time/weight_sync',
     'time/step',
     'perf/tokens_per_s',

@@ -1,0 +1,203 @@
+"""The update step alone: packed vs padded rows, its split, FLOP utilisation.
+
+  python bench/update.py                    # ~5 minutes on a 2-core CPU
+  python bench/update.py --reps=5 --preset=bypass_pg_is --full-length
+
+`Steps.prepare` + `Steps.update` (jaxcorr/train/step.py) on one synthetic GRPO
+batch: 16 prompts x 4 samples, 32-token prompts, responses of up to 128
+tokens whose lengths spread from 10% to 100% of the cap (the engine's
+realistic-length workload, bench/rollout.py; `--full-length`: every row at
+the cap), the 5M Llama-style model of bench/rollout.py, float32. The same
+batch runs padded (`train.packing=False`) and packed (`True`), alternating
+warm repetitions; the report gives each side's median and range, the
+per-repetition paired ratio, the prepare/update split and the FLOP rate of
+the tokens each side computes (padding included) over a dense-matmul peak
+measured before each repetition. Train tokens/s counts real tokens only
+(prompt + response), so it is comparable across the two layouts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import rollout as bench  # bench/rollout.py: the model and workload shapes
+from flax import nnx
+from train import flops_per_token, matmul_peak  # bench/train.py
+
+from configs import arith_tiny
+from jaxcorr.losses import rewards
+from jaxcorr.model import Transformer
+from jaxcorr.train import batch as batch_lib
+from jaxcorr.train import build
+from jaxcorr.train.batch import TrainBatch
+from jaxcorr.train.packing import forward, layout
+from jaxcorr.train.policy import transformer_config
+from jaxcorr.train.state import TrainState, make_optimizer
+from jaxcorr.train.step import Steps
+
+
+def run_config(args, packing: bool):
+  c = arith_tiny.get_config(args.preset)
+  for k, v in bench.MODEL.items():
+    if k != 'architecture':
+      c.model[k] = v
+  c.model.max_position_embeddings = bench.PROMPT_LEN + bench.NEW
+  c.rollout.max_prompt_length = bench.PROMPT_LEN
+  c.rollout.max_new_tokens = bench.NEW
+  c.rollout.prompts_per_step = bench.PROMPTS
+  c.rollout.samples_per_prompt = bench.SAMPLES
+  c.train.mini_batches = args.mini_batches
+  c.train.micro_batches = args.micro_batches
+  c.train.shuffle_minibatches = False
+  c.train.packing = packing
+  return build.build(c)
+
+
+def synthetic_batch(full_length: bool, seed: int = 0) -> TrainBatch:
+  """The realistic-length GRPO batch (module docstring), numpy."""
+  r = bench.train_rows(full_length, seed)
+  b = r['tokens'].shape[0]
+  return TrainBatch(
+    tokens=r['tokens'],
+    segment_ids=r['real'].astype(np.int32),
+    response_mask=r['mask'],
+    rollout_logp=r['logp'],
+    temperature=np.ones(b, np.float32),
+    top_k=np.zeros(b, np.int32),
+    top_p=np.ones(b, np.float32),
+    min_p=np.zeros(b, np.float32),
+    group_ids=np.repeat(np.arange(bench.PROMPTS), bench.SAMPLES).astype(
+      np.int32
+    ),
+    seq_reward=r['reward'],
+    version_gap=np.zeros(r['mask'].shape, np.int32),
+  )
+
+
+class Side:
+  """One layout's compiled prepare + update on its own state."""
+
+  def __init__(self, args, packing: bool, host: TrainBatch):
+    self.run = run_config(args, packing)
+    self.mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ('data',))
+    cfg = transformer_config(self.run.model)
+    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+    tx, schedule = make_optimizer(self.run.optim, 1e-5, 1000)
+    self.state = TrainState(
+      params=params,
+      opt_state=jax.jit(tx.init)(params),
+      kl_ctrl=rewards.KLControllerState(coef=jnp.zeros(())),
+      rng=jax.random.PRNGKey(0),
+      updates=jnp.zeros((), jnp.int32),
+    )
+    self.steps = Steps(self.run, graphdef, tx, schedule)
+    self.host = host
+    t = self.run.train
+    self.packed = None
+    self.computed = host.tokens.size  # positions the model runs on
+    if packing:
+      self.packed = layout.pack(
+        host, mini_batches=t.mini_batches, micro_batches=t.micro_batches
+      )
+      self.computed = self.packed.tokens.size
+    self.cfg = cfg
+
+  def step(self) -> dict:
+    """One prepare + update, host packing included; its times."""
+    t0 = time.perf_counter()
+    with jax.set_mesh(self.mesh):
+      packed = None
+      if self.packed is not None:
+        t = self.run.train
+        host_packed = layout.pack(
+          self.host,
+          mini_batches=t.mini_batches,
+          micro_batches=t.micro_batches,
+        )
+        packed = forward.to_device(self.mesh, host_packed)
+      dev = batch_lib.to_device(self.mesh, self.host)
+      t1 = time.perf_counter()
+      _, prepared, _ = self.steps.prepare(
+        self.state.params, None, self.state.kl_ctrl, None, dev, packed
+      )
+      jax.block_until_ready(prepared)
+      t2 = time.perf_counter()
+      self.state, met = self.steps.update(self.state, prepared, packed)
+      jax.block_until_ready((self.state, met))
+      t3 = time.perf_counter()
+    return dict(host=t1 - t0, prepare=t2 - t1, update=t3 - t2, total=t3 - t0)
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument('--reps', type=int, default=3)
+  ap.add_argument('--preset', default='decoupled_geo_rs')
+  ap.add_argument('--mini-batches', type=int, default=1)
+  ap.add_argument('--micro-batches', type=int, default=2)
+  ap.add_argument('--full-length', action='store_true')
+  args = ap.parse_args()
+  host = synthetic_batch(args.full_length)
+  real = int(host.segment_ids.sum())
+  sides = {
+    'padded': Side(args, False, host),
+    'packed': Side(args, True, host),
+  }
+  for s in sides.values():  # compile
+    s.step()
+  results = {k: [] for k in sides}
+  for _ in range(args.reps):
+    for name, s in sides.items():
+      peak = matmul_peak()
+      results[name].append(dict(s.step(), peak=peak))
+  cfg = sides['padded'].cfg
+  seq = bench.PROMPT_LEN + bench.NEW
+  fpt = flops_per_token(cfg, seq)
+  epochs = sides['padded'].run.train.ppo_epochs
+  print(
+    f'backend: {jax.default_backend()} x{jax.device_count()}, '
+    f'jax {jax.__version__}; model {cfg.num_params() / 1e6:.2f}M params; '
+    f'batch {host.rows} rows x {seq} positions, {real} real tokens '
+    f'({real / host.tokens.size:.0%}); preset {args.preset}; '
+    f'{args.mini_batches} mini x {args.micro_batches} micro-batches; '
+    f'{args.reps} reps'
+  )
+  print('\nside     computed  step s [min-max]          prepare  update  host'
+        '   tok/s   FLOP/peak')  # fmt: skip
+  med = statistics.median
+  for name, s in sides.items():
+    rs = results[name]
+    tot = [r['total'] for r in rs]
+    # prepare: one forward (π_old); update: forward + backward per epoch.
+    flops = [
+      fpt
+      * s.computed
+      * (1 + 3 * epochs)
+      / (r['prepare'] + r['update'])
+      / r['peak']
+      for r in rs
+    ]
+    print(
+      f'{name:8s} {s.computed:8d}  {med(tot):6.3f} [{min(tot):.3f}-'
+      f'{max(tot):.3f}]  {med(r["prepare"] for r in rs):7.3f} '
+      f'{med(r["update"] for r in rs):7.3f} {med(r["host"] for r in rs):5.3f}'
+      f'  {real / med(tot):7.0f}  {med(flops):6.1%}'
+    )
+  pairs = [
+    a['total'] / b['total']
+    for a, b in zip(results['padded'], results['packed'])
+  ]
+  print(
+    f'\npacked / padded train tokens/s: median {med(pairs):.2f}x '
+    f'[{min(pairs):.2f}-{max(pairs):.2f}] (paired per repetition); '
+    f'peak {med(r["peak"] for r in results["padded"]) / 1e9:.1f} GFLOP/s'
+  )
+
+
+if __name__ == '__main__':
+  sys.exit(main())
