@@ -8,7 +8,8 @@ jaxcorr/train/policy.py, `DataConfig` in jaxcorr/data/config.py,
 `RolloutConfig` in jaxcorr/train/rollouts/config.py, `RewardConfig` in
 jaxcorr/rewards/config.py, `OptimConfig` in jaxcorr/train/state.py,
 `CriticConfig` in jaxcorr/train/critic.py, the loss and correction configs in
-jaxcorr/losses/, `MeshConfig` in jaxcorr/sharding.py). The two declared here
+jaxcorr/losses/, `MeshConfig` in jaxcorr/sharding.py, `AgentConfig` in
+jaxcorr/agents/config.py). The two declared here
 are read across the whole trainer: `TrainConfig` (steps, batch geometry,
 evaluation, checkpoints, logging: the loop, the step, SFT, checkpoints) and
 `AlgorithmConfig` (advantages and KL in reward: set-up and prepare); every
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxcorr.agents.config import AgentConfig
 from jaxcorr.config.fields import (
   boolean,
   canonical,
@@ -149,6 +151,7 @@ class RunConfig:
   optim: OptimConfig
   critic: CriticConfig
   mesh: MeshConfig
+  agent: AgentConfig = AgentConfig()
 
   @property
   def needs_ref(self) -> bool:

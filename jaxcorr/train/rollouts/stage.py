@@ -29,12 +29,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcorr.agents import episodes
 from jaxcorr.data import prompts as data
 from jaxcorr.data import text
 from jaxcorr.data.tasks import Example
 from jaxcorr.rewards import RewardScorer
 from jaxcorr.rollout import RolloutBatch, driver
 from jaxcorr.rollout.engine import PolicyEngine
+from jaxcorr.rollout.state import SamplingParams
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.tracker.reduction import Metric, Metrics
 
@@ -74,7 +76,9 @@ def make_engine(run: RunConfig, policy: Any, mesh: Any) -> PolicyEngine:
     max_concurrent_decodes=r.max_concurrent_decodes,
     decode_chunk=r.decode_chunk,
     max_prefill_length=r.max_prompt_length,
-    max_target_length=r.max_prompt_length + r.max_new_tokens,
+    max_target_length=r.max_prompt_length
+    + r.max_new_tokens
+    + episodes.engine_headroom(run.agent, r.max_new_tokens),
     mesh=mesh,
     dtype=jnp.dtype(r.engine_dtype),
     # A set can never be wider than the vocabulary.
@@ -106,6 +110,17 @@ class RolloutStage:
     self.tokenizer = tokenizer
     self.scorer = scorer
     self.stop_ids = text.stop_ids(tokenizer)
+    self.agents = None  # multi-turn rollouts (config.agent), else None
+    if run.agent.enabled:
+      self.agents = episodes.AgentRollouts(
+        run.agent,
+        engine,
+        tokenizer,
+        episodes.turn_template(run.agent, run.model.hf_path),
+        self.stop_ids,
+        prompt_length=run.rollout.max_prompt_length,
+        response_length=run.rollout.max_new_tokens,
+      )
 
   def encode(self, examples: Sequence[Example]) -> list[list[int]]:
     """Prompt ids; a prompt longer than `rollout.max_prompt_length` fails."""
@@ -148,6 +163,8 @@ class RolloutStage:
       first_prompt = jax.process_index() * len(examples)
     t0 = time.perf_counter()
     n = 1 if greedy else r.samples_per_prompt
+    if self.agents is not None:
+      return self._run_agents(examples, step, greedy, first_prompt, n, t0)
     batch = driver.generate(
       self.engine,
       self.encode(examples),
@@ -165,6 +182,37 @@ class RolloutStage:
       examples, batch, step=step, rollout_s=time.perf_counter() - t0
     )
 
+  def _run_agents(self, examples, step, greedy, first_prompt, n, t0):
+    """`run_step` with multi-turn trajectories (`config.agent`): the
+    reward functions score each trajectory's final answer, plus its turn
+    rewards."""
+    r = self.run.rollout
+    sp = SamplingParams(
+      r.temperature,
+      1 if greedy else r.top_k,
+      1.0 if greedy else r.top_p,
+      0.0 if greedy else r.min_p,
+    )
+    batch, finals, turn_rewards, agent_metrics = self.agents.sample(
+      examples,
+      num_samples=n,
+      sp=sp,
+      seed=step_seed(self.run.train.seed, step),
+      first_prompt=first_prompt,
+    )
+    scored = self.score(
+      examples,
+      batch,
+      step=step,
+      rollout_s=time.perf_counter() - t0,
+      responses=finals,
+    )
+    scored.rewards = scored.rewards + turn_rewards
+    for k, v in agent_metrics.items():
+      sums = episodes.SUM_METRICS
+      scored.metrics[k] = Metric.sum(v) if k in sums else Metric.avg(v)
+    return scored
+
   def score(
     self,
     examples: Sequence[Example],
@@ -172,13 +220,17 @@ class RolloutStage:
     *,
     step: int,
     rollout_s: float,
+    responses: Sequence[str] | None = None,
   ) -> Scored:
     """Rewards for a batch sampled from `examples` (its rows in order, the
-    samples of a prompt adjacent); `rollout_s`: the sampling time."""
+    samples of a prompt adjacent); `rollout_s`: the sampling time;
+    `responses`: the texts to score (default: the decoded responses)."""
     t1 = time.perf_counter()
     n = batch.batch_size // len(examples)
     answers = [ex.answer for ex in examples for _ in range(n)]
-    rewards, scores = self.scorer.score(self.responses(batch), answers)
+    if responses is None:
+      responses = self.responses(batch)
+    rewards, scores = self.scorer.score(list(responses), answers)
     metrics = {
       k: Metric.sum(v) if k in _REWARD_COUNTS else Metric.avg(v)
       for k, v in scores.items()
