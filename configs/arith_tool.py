@@ -43,6 +43,7 @@ def apply_task(config: ml_collections.ConfigDict) -> None:
   config.agent.system_prompt = False
   config.agent.max_turns = 3
   config.agent.turn_tokens = 12
+  config.agent.max_env_tokens = 15  # '\n= 9801\nA: ' and the like
 
 
 def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:

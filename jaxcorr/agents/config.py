@@ -37,6 +37,13 @@ class AgentConfig:
   )
   max_turns: int = setting(4, integer(1), 'Most agent turns per trajectory.')
   turn_tokens: int = setting(64, integer(1), 'Most tokens of one agent turn.')
+  max_env_tokens: int = setting(
+    64,
+    integer(1),
+    'Most tokens of one environment turn (the template delta of its '
+    'messages); a longer observation ends the trajectory as truncated. '
+    "Sets the engine's cache headroom for continuations.",
+  )
   drop_truncated: bool = setting(
     False,
     boolean,

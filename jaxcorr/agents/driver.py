@@ -70,11 +70,13 @@ class TurnLimits:
     turn_tokens: most tokens of one agent turn.
     max_turns: most agent turns.
     response_length: most tokens after the prompt (agent and environment).
+    env_tokens: most tokens of one environment turn.
   """
 
   turn_tokens: int
   max_turns: int
   response_length: int
+  env_tokens: int = 64
 
 
 class AgentDecoder:
@@ -290,7 +292,13 @@ class AgentDecoder:
       tr.truncated = not stopped
       tr.finish = FinishReason.STOP if stopped else FinishReason.LENGTH
       return True
-    if tr.turns >= self.limits.max_turns or self._limit(tr, len(ids)) < 1:
+    if len(ids) > self.limits.env_tokens:
+      tr.info['long_observations'] = tr.info.get('long_observations', 0) + 1
+    if (
+      tr.turns >= self.limits.max_turns
+      or len(ids) > self.limits.env_tokens
+      or self._limit(tr, len(ids)) < 1
+    ):
       tr.truncated = True
       tr.finish = FinishReason.LENGTH
       return True

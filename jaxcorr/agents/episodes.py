@@ -36,6 +36,7 @@ SUM_METRICS = (
   'agent/tool_calls',
   'agent/malformed_calls',
   'agent/env_errors',
+  'agent/long_observations',
   *(f'agent/tool_{o}' for o in OUTCOMES),
 )
 """Metrics that are counts over the rows (the others are means)."""
@@ -53,12 +54,12 @@ def turn_template(cfg: AgentConfig, hf_path: str) -> ChatTemplate:
   return ChatTemplate.from_dir(hf_path)
 
 
-def engine_headroom(cfg: AgentConfig, max_new_tokens: int) -> int:
+def engine_headroom(cfg: AgentConfig) -> int:
   """Cache positions the engine needs past prompt + response for the
   continuations (0 when agents are off)."""
   if not cfg.enabled or not cfg.kv_reuse:
     return 0
-  return cache_headroom(max_new_tokens + 1)
+  return cache_headroom(cfg.max_env_tokens + 1)
 
 
 class AgentRollouts:
@@ -97,6 +98,7 @@ class AgentRollouts:
       turn_tokens=cfg.turn_tokens,
       max_turns=cfg.max_turns,
       response_length=response_length,
+      env_tokens=cfg.max_env_tokens,
     )
 
   def sample(
@@ -190,4 +192,5 @@ def trajectory_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     'agent/tool_calls': float(np.sum(info('tool_calls'))),
     'agent/malformed_calls': float(np.sum(info('malformed_calls'))),
     'agent/env_errors': float(np.sum(info('env_errors'))),
+    'agent/long_observations': float(np.sum(info('long_observations'))),
   }

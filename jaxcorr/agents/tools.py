@@ -61,7 +61,12 @@ class Tool:
         f'Tool {self.name!r}: parameters must be a JSON schema of type '
         f"'object', got {self.parameters.get('type')!r}"
       )
-    jsonschema.Draft202012Validator.check_schema(dict(self.parameters))
+    try:
+      jsonschema.Draft202012Validator.check_schema(dict(self.parameters))
+    except jsonschema.SchemaError as err:
+      raise ValueError(
+        f'Tool {self.name!r}: invalid parameters schema: {err.message}'
+      ) from err
 
   def schema(self) -> dict[str, Any]:
     """The OpenAI-style function entry."""

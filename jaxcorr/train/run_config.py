@@ -151,7 +151,7 @@ class RunConfig:
   optim: OptimConfig
   critic: CriticConfig
   mesh: MeshConfig
-  agent: AgentConfig = AgentConfig()
+  agent: AgentConfig = dataclasses.field(default_factory=AgentConfig)
 
   @property
   def needs_ref(self) -> bool:

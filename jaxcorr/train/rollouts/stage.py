@@ -78,7 +78,7 @@ def make_engine(run: RunConfig, policy: Any, mesh: Any) -> PolicyEngine:
     max_prefill_length=r.max_prompt_length,
     max_target_length=r.max_prompt_length
     + r.max_new_tokens
-    + episodes.engine_headroom(run.agent, r.max_new_tokens),
+    + episodes.engine_headroom(run.agent),
     mesh=mesh,
     dtype=jnp.dtype(r.engine_dtype),
     # A set can never be wider than the vocabulary.
