@@ -46,9 +46,9 @@ from jaxcorr.agents.continuation import Continuation
 from jaxcorr.agents.environment import Environment, StepResult
 from jaxcorr.agents.trajectory import Trajectory
 from jaxcorr.agents.turns import TurnFormat
+from jaxcorr.rollout import FinishReason
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.state import SamplingParams
-from jaxcorr.rollout.types import FinishReason
 
 
 @dataclasses.dataclass

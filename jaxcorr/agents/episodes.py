@@ -27,10 +27,10 @@ from jaxcorr.agents.trajectory import Trajectory, to_batch
 from jaxcorr.agents.turns import ARITH_TOOL_TEMPLATE, TurnFormat
 from jaxcorr.data.chat import ChatTemplate
 from jaxcorr.data.tasks import Example
+from jaxcorr.rollout import RolloutBatch
 from jaxcorr.rollout.driver import request_keys
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.state import SamplingParams
-from jaxcorr.rollout.types import RolloutBatch
 
 SUM_METRICS = (
   'agent/tool_calls',

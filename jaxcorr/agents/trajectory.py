@@ -27,8 +27,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jaxcorr.rollout import FinishReason, RolloutBatch
 from jaxcorr.rollout.state import SamplingParams
-from jaxcorr.rollout.types import FinishReason, RolloutBatch
 
 
 @dataclasses.dataclass

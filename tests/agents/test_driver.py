@@ -28,10 +28,10 @@ from jaxcorr.agents.turns import TurnFormat
 from jaxcorr.data.chat import ChatTemplate
 from jaxcorr.data.tasks import Example
 from jaxcorr.model import token_logprobs
+from jaxcorr.rollout import FinishReason
 from jaxcorr.rollout.driver import request_keys
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.state import SamplingParams
-from jaxcorr.rollout.types import FinishReason
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train.scoring import at_response
 from tests.helpers.chat_tokenizer import CHATML, chat_tokenizer
