@@ -76,6 +76,12 @@ class AgentConfig:
     "Tool and call errors read '?' (a vocabulary without letters); the "
     'outcome is still counted.',
   )
+  user_content: str = setting(
+    '{prompt}',
+    text,
+    "The opening user message, with the row's prompt as {prompt} "
+    "(e.g. 'What is {prompt}').",
+  )
   system_prompt: bool = setting(
     True,
     boolean,
@@ -84,6 +90,11 @@ class AgentConfig:
 
   def __post_init__(self):
     validate(self)
+    if self.user_content.count('{prompt}') != 1:
+      raise ValueError(
+        f'{path_of(self)}.user_content: invalid value {self.user_content!r}; '
+        "allowed: a text holding '{prompt}' once"
+      )
     if self.tool_timeout_s <= 0:
       raise ValueError(
         f'{path_of(self)}.tool_timeout_s: invalid value '

@@ -84,6 +84,7 @@ class ToolEnvironment:
     system: an optional system message (e.g. `tool_system_prompt`).
     terse_errors: every error observation reads '?' (vocabularies without
       letters, configs/arith_tool.py); the outcome is still counted.
+    content: the user message, the row's prompt replacing '{prompt}'.
   """
 
   def __init__(
@@ -92,9 +93,10 @@ class ToolEnvironment:
     call_format: ToolCallFormat,
     system: str | None = None,
     terse_errors: bool = False,
+    content: str = '{prompt}',
   ):
     self.runner, self.call_format, self.system = runner, call_format, system
-    self.terse_errors = terse_errors
+    self.terse_errors, self.content = terse_errors, content
     self._text_argument = ''
     if call_format.body == 'text':
       tool = runner.tools[call_format.default_tool]
@@ -104,7 +106,8 @@ class ToolEnvironment:
     messages = []
     if self.system is not None:
       messages.append(self._message('system', self.system))
-    messages.append(self._message('user', row.prompt))
+    user = self.content.replace('{prompt}', row.prompt)
+    messages.append(self._message('user', user))
     return messages
 
   def step(self, action: str) -> StepResult:
@@ -178,9 +181,9 @@ def environment_spec(name: str, cfg: Any) -> EnvironmentSpec:
 
 @register_environment('calculator')
 def calculator_environment(cfg: Any) -> EnvironmentSpec:
-  """Arithmetic with a calculator tool; the call format and error style
-  from `config.agent` (`call_start`, `call_end`, `call_body`,
-  `terse_errors`, `system_prompt`)."""
+  """Arithmetic with a calculator tool; the call format, error style and
+  messages from `config.agent` (`call_start`, `call_end`, `call_body`,
+  `terse_errors`, `system_prompt`, `user_content`)."""
   tools = (calculator_tool(),)
   fmt = ToolCallFormat(
     start=cfg.call_start,
@@ -195,5 +198,7 @@ def calculator_environment(cfg: Any) -> EnvironmentSpec:
   return EnvironmentSpec(
     tools,
     fmt,
-    lambda runner: ToolEnvironment(runner, fmt, system, cfg.terse_errors),
+    lambda runner: ToolEnvironment(
+      runner, fmt, system, cfg.terse_errors, cfg.user_content
+    ),
   )
