@@ -62,6 +62,14 @@ def engine_headroom(cfg: AgentConfig) -> int:
   return cache_headroom(cfg.max_env_tokens + 1)
 
 
+def engine_prefill(cfg: AgentConfig, prompt: int, response: int) -> int:
+  """The engine's longest prefill: the prompt, or with `kv_reuse=False`
+  a whole history (prompt + response)."""
+  if cfg.enabled and not cfg.kv_reuse:
+    return prompt + response
+  return prompt
+
+
 class AgentRollouts:
   """Multi-turn sampling over one engine (module docstring).
 

@@ -5,6 +5,7 @@ import pytest
 
 from configs import arith_tiny, arith_tool
 from jaxcorr.agents.config import AgentConfig
+from jaxcorr.agents.episodes import engine_headroom, engine_prefill
 from jaxcorr.train.build import build
 
 
@@ -36,3 +37,12 @@ def test_unsupported_combinations_fail(section, field, value, message):
 def test_dataclass_defaults():
   cfg = AgentConfig()
   assert cfg.environment == '' and cfg.kv_reuse and not cfg.drop_truncated
+
+
+def test_engine_sizes():
+  off, on = AgentConfig(), AgentConfig(environment='calculator')
+  assert engine_headroom(off) == 0 and engine_prefill(off, 8, 5) == 8
+  assert engine_headroom(on) == 65  # max_env_tokens + 1: the top bucket
+  assert engine_prefill(on, 8, 5) == 8
+  again = AgentConfig(environment='calculator', kv_reuse=False)
+  assert engine_headroom(again) == 0 and engine_prefill(again, 8, 5) == 13

@@ -75,7 +75,9 @@ def make_engine(run: RunConfig, policy: Any, mesh: Any) -> PolicyEngine:
     policy,
     max_concurrent_decodes=r.max_concurrent_decodes,
     decode_chunk=r.decode_chunk,
-    max_prefill_length=r.max_prompt_length,
+    max_prefill_length=episodes.engine_prefill(
+      run.agent, r.max_prompt_length, r.max_new_tokens
+    ),
     max_target_length=r.max_prompt_length
     + r.max_new_tokens
     + episodes.engine_headroom(run.agent),
