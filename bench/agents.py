@@ -180,6 +180,9 @@ def trainer_costs(args) -> dict:
     'rollout_share_of_step': statistics.median(rollout_share),
     'update_s_agent_mask': statistics.median(masked[1:]),
     'update_s_full_mask': statistics.median(full[1:]),
+    'update_ratio_agent_over_full': statistics.median(
+      a / b for a, b in zip(masked[1:], full[1:])
+    ),
   }
 
 
@@ -196,11 +199,12 @@ def main() -> None:
   ap.add_argument('--repeats', type=int, default=3)
   ap.add_argument('--train_steps', type=int, default=4)
   ap.add_argument('--skip_trainer', action='store_true')
+  ap.add_argument('--skip_rollout', action='store_true')
   args = ap.parse_args()
   print('device:', jax.devices()[0].device_kind, '| args:', vars(args))
-  speed = rollout_speed(args)
-  for k, v in speed.items():
-    print(f'{k}: {v}')
+  if not args.skip_rollout:
+    for k, v in rollout_speed(args).items():
+      print(f'{k}: {v}')
   if not args.skip_trainer:
     for k, v in trainer_costs(args).items():
       print(f'{k}: {v:.4f}')
