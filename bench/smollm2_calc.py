@@ -8,8 +8,10 @@ No trainer is built (no optimizer state): the model, the rollout engine
 (bfloat16, as the config) and the multi-turn sampler of the trainer
 (`AgentRollouts`) on the first problems of the config's data source. With the tool: the
 calculator environment (system message with the tool's schema and the
-Hermes call format, up to 3 turns). Reported: `math_answer` accuracy of
-the final turn, tool-call rate, turns per trajectory, malformed calls.
+Hermes call format, up to 3 turns); without: the same question as one
+chat turn (configs/smollm2_arith.py's template, 64 new tokens). Reported:
+`math_answer` accuracy (of the final turn), tool-call rate, turns per
+trajectory, malformed calls.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from jaxcorr.agents.episodes import (
 from jaxcorr.data import prompts as data
 from jaxcorr.data.text import make_tokenizer, stop_ids
 from jaxcorr.model import load_hf, smollm2
+from jaxcorr.rollout import driver
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.state import SamplingParams
 from jaxcorr.train.build import build
@@ -68,7 +71,7 @@ def main() -> None:
   )
   source = data.make_source(run.data)
   examples = [source[i] for i in range(args.prompts)]
-  batch, finals, _, metrics = agents.sample(
+  _, finals, _, metrics = agents.sample(
     examples, num_samples=1, sp=SamplingParams(1.0, top_k=1), seed=0
   )
   correct = [
@@ -82,6 +85,23 @@ def main() -> None:
   for f, ex in list(zip(finals, examples))[:4]:
     print(repr(ex.prompt), repr(ex.answer), '->', repr(f[:120]))
   agents.close()
+  # Without the tool: the question as one chat turn (the template of
+  # configs/smollm2_arith.py), 64 new tokens, on the same engine.
+  prompts = [
+    tok.encode(data.format_prompt(run.data.prompt_template, ex))
+    for ex in examples
+  ]
+  plain = driver.generate(
+    engine, prompts, max_new_tokens=64, top_k=1, stop_token_ids=stop_ids(tok)
+  )
+  texts = [
+    tok.decode(t[m].tolist())
+    for t, m in zip(plain.response_tokens, plain.context_mask)
+  ]
+  correct = [
+    rewards.math_answer(f, ex.answer) for f, ex in zip(texts, examples)
+  ]
+  print('accuracy without the tool:', float(np.mean(correct)))
 
 
 if __name__ == '__main__':
