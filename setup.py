@@ -35,6 +35,8 @@ setup(
     # chat templates of real models (jaxcorr.rollout.tokenizer).
     'gguf>=0.10',
     'jinja2>=3.1',
+    # jaxcorr.agents.tools: tool arguments checked against their JSON schema.
+    'jsonschema>=4.0',
   ],
   extras_require={
     'test': [

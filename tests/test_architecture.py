@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ('jaxcorr.sampling',),
   ('jaxcorr.rollout',),
   ('jaxcorr.data', 'jaxcorr.rewards'),
+  ('jaxcorr.agents',),
   ('jaxcorr.train',),
   (
     'jaxcorr.lab',

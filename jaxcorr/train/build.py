@@ -28,6 +28,8 @@ from typing import Any
 import ml_collections
 
 from jaxcorr import rewards
+from jaxcorr.agents.config import AgentConfig
+from jaxcorr.agents.environment import environment_spec
 from jaxcorr.config import convert, fields
 from jaxcorr.data import prompts, reasoning_gym
 from jaxcorr.data.config import DataConfig
@@ -57,6 +59,7 @@ SECTIONS: dict[str, type] = {
   'critic': CriticConfig,
   'mesh': MeshConfig,
   'eval': EvalConfig,
+  'agent': AgentConfig,
 }
 """The trainer sections that map one ConfigDict section to one dataclass
 (`correction`, `actor` and `algorithm` are assembled below)."""
@@ -213,6 +216,7 @@ def check_combinations(run: RunConfig) -> None:
     )
   if t.packing and run.critic.enabled:
     fail('config.train.packing', True, 'False with critic.enabled=True')
+  check_agent(run)
   span = r.max_prompt_length + r.max_new_tokens
   if not run.model.hf_path and span > run.model.max_position_embeddings:
     fail(
@@ -220,6 +224,28 @@ def check_combinations(run: RunConfig) -> None:
       r.max_new_tokens,
       f'max_prompt_length + max_new_tokens <= model.max_position_embeddings '
       f'({run.model.max_position_embeddings})',
+    )
+
+
+def check_agent(run: RunConfig) -> None:
+  """Multi-turn rollouts (`config.agent`) with the rollout settings they
+  support: sync or fixed-lag async modes, log-probs 'full' or 'truncated'."""
+  if not run.agent.enabled:
+    return
+  r = run.rollout
+  if r.mode == 'stream':
+    fields.fail(
+      'config.rollout.mode',
+      r.mode,
+      "'sync' or 'async' with config.agent.environment (the streaming "
+      'producer does not drive multi-turn trajectories yet)',
+    )
+  if r.logprob_mode == 'replay':
+    fields.fail(
+      'config.rollout.logprob_mode',
+      r.logprob_mode,
+      "'full' or 'truncated' with config.agent.environment (multi-turn "
+      'rollouts record no kept sets)',
     )
 
 
@@ -241,3 +267,5 @@ def check_components(run: RunConfig) -> None:
     reasoning_gym.check(run.data, names, run.train.sft_steps)
   sinks.check_installed(run.train.loggers)
   eval_sets.check(run)
+  if run.agent.enabled:
+    environment_spec(run.agent.environment, run.agent)

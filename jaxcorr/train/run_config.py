@@ -9,8 +9,8 @@ jaxcorr/train/policy.py, `DataConfig` in jaxcorr/data/config.py,
 jaxcorr/rewards/config.py, `OptimConfig` in jaxcorr/train/state.py,
 `CriticConfig` in jaxcorr/train/critic.py, the loss and correction configs in
 jaxcorr/losses/, `MeshConfig` in jaxcorr/sharding.py, `EvalConfig` in
-jaxcorr/train/evals/config.py). The two declared here
-are read across the whole trainer: `TrainConfig` (steps, batch geometry,
+jaxcorr/train/evals/config.py, `AgentConfig` in jaxcorr/agents/config.py).
+The two declared here are read across the whole trainer: `TrainConfig` (steps, batch geometry,
 evaluation, checkpoints, logging: the loop, the step, SFT, checkpoints) and
 `AlgorithmConfig` (advantages and KL in reward: set-up and prepare); every
 module that reads them also reads `RunConfig`, so they live with it.
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxcorr.agents.config import AgentConfig
 from jaxcorr.config.fields import (
   boolean,
   canonical,
@@ -172,6 +173,7 @@ class RunConfig:
   critic: CriticConfig
   mesh: MeshConfig
   eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+  agent: AgentConfig = dataclasses.field(default_factory=AgentConfig)
 
   @property
   def needs_ref(self) -> bool:

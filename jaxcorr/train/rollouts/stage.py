@@ -29,12 +29,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcorr.agents import episodes
 from jaxcorr.data import prompts as data
 from jaxcorr.data import text
 from jaxcorr.data.tasks import Example
 from jaxcorr.rewards import RewardScorer
 from jaxcorr.rollout import RolloutBatch, driver
 from jaxcorr.rollout.engine import PolicyEngine
+from jaxcorr.rollout.state import SamplingParams
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.tracker.reduction import Metric, Metrics
 
@@ -75,8 +77,12 @@ def make_engine(run: RunConfig, policy: Any, mesh: Any) -> PolicyEngine:
     policy,
     max_concurrent_decodes=r.max_concurrent_decodes,
     decode_chunk=r.decode_chunk,
-    max_prefill_length=r.max_prompt_length,
-    max_target_length=r.max_prompt_length + r.max_new_tokens,
+    max_prefill_length=episodes.engine_prefill(
+      run.agent, r.max_prompt_length, r.max_new_tokens
+    ),
+    max_target_length=r.max_prompt_length
+    + r.max_new_tokens
+    + episodes.engine_headroom(run.agent),
     mesh=mesh,
     dtype=jnp.dtype(r.engine_dtype),
     # A set can never be wider than the vocabulary.
@@ -108,6 +114,17 @@ class RolloutStage:
     self.tokenizer = tokenizer
     self.scorer = scorer
     self.stop_ids = text.stop_ids(tokenizer)
+    self.agents = None  # multi-turn rollouts (config.agent), else None
+    if run.agent.enabled:
+      self.agents = episodes.AgentRollouts(
+        run.agent,
+        engine,
+        tokenizer,
+        episodes.turn_template(run.agent, run.model.hf_path),
+        self.stop_ids,
+        prompt_length=run.rollout.max_prompt_length,
+        response_length=run.rollout.max_new_tokens,
+      )
 
   def encode(self, examples: Sequence[Example]) -> list[list[int]]:
     """Prompt ids; a prompt longer than `rollout.max_prompt_length` fails."""
@@ -174,6 +191,9 @@ class RolloutStage:
     if first_prompt is None:
       first_prompt = jax.process_index() * len(examples)
     t0 = time.perf_counter()
+    if self.agents is not None:
+      sp = SamplingParams(temperature, top_k, top_p, min_p)
+      return self._run_agents(examples, step, sp, first_prompt, num_samples, t0)
     batch = driver.generate(
       self.engine,
       self.encode(examples),
@@ -191,6 +211,30 @@ class RolloutStage:
       examples, batch, step=step, rollout_s=time.perf_counter() - t0
     )
 
+  def _run_agents(self, examples, step, sp, first_prompt, n, t0):
+    """`sample` with multi-turn trajectories (`config.agent`): the
+    reward functions score each trajectory's final answer, plus its turn
+    rewards."""
+    batch, finals, turn_rewards, agent_metrics = self.agents.sample(
+      examples,
+      num_samples=n,
+      sp=sp,
+      seed=step_seed(self.run.train.seed, step),
+      first_prompt=first_prompt,
+    )
+    scored = self.score(
+      examples,
+      batch,
+      step=step,
+      rollout_s=time.perf_counter() - t0,
+      responses=finals,
+    )
+    scored.rewards = scored.rewards + turn_rewards
+    for k, v in agent_metrics.items():
+      sums = episodes.SUM_METRICS
+      scored.metrics[k] = Metric.sum(v) if k in sums else Metric.avg(v)
+    return scored
+
   def score(
     self,
     examples: Sequence[Example],
@@ -198,15 +242,17 @@ class RolloutStage:
     *,
     step: int,
     rollout_s: float,
+    responses: Sequence[str] | None = None,
   ) -> Scored:
     """Rewards for a batch sampled from `examples` (its rows in order, the
-    samples of a prompt adjacent); `rollout_s`: the sampling time."""
+    samples of a prompt adjacent); `rollout_s`: the sampling time;
+    `responses`: the texts to score (default: the decoded responses)."""
     t1 = time.perf_counter()
     n = batch.batch_size // len(examples)
     answers = [ex.answer for ex in examples for _ in range(n)]
-    rewards, scores, values = self.scorer.score_each(
-      self.responses(batch), answers
-    )
+    if responses is None:
+      responses = self.responses(batch)
+    rewards, scores, values = self.scorer.score_each(list(responses), answers)
     metrics = {
       k: Metric.sum(v) if k in _REWARD_COUNTS else Metric.avg(v)
       for k, v in scores.items()

@@ -1,0 +1,58 @@
+"""A tiny tool task from scratch: 2-digit multiplication with a calculator.
+
+The arithmetic model of configs/arith_tiny.py (character vocabulary, no
+downloads) acts in the 'calculator' environment (jaxcorr/agents/): the
+prompt is 'Q: 17*25=?\\nA: '; the agent may call the calculator by writing
+the expression between parentheses, '(17*25)', and gets '= 425' back in
+the next turn ('= ?' for a malformed call or a failing expression), then
+answers '425'. The reward is the exact match of the final turn. Tool
+results and the template's turn markers are context, never a loss term
+(docs/agents.md).
+
+  python -m jaxcorr.main --config=configs/arith_tool.py --workdir=/tmp/tool
+  python -m jaxcorr.main --config=configs/arith_tool.py:pulse ...
+
+The config string is `[pulse+]<preset>` as in configs/arith_tiny.py.
+There is no warm-up: the model starts from random weights, so early
+trajectories are mostly malformed calls and wrong answers; `pulse` checks
+that every stage of a multi-turn step runs, not that it learns.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import arith_tiny, base
+
+
+def apply_task(config: ml_collections.ConfigDict) -> None:
+  """The arithmetic model with the calculator environment."""
+  arith_tiny.apply_task(config)
+  config.model.max_position_embeddings = 64
+  config.data.ops = '*'
+  config.rollout.max_prompt_length = 16  # BOS + 'Q: 99*99=?\nA: '
+  config.rollout.max_new_tokens = 40  # all turns after the prompt
+  config.rollout.decode_chunk = 16
+  config.train.sft_steps = 0
+  config.agent.environment = 'calculator'
+  config.agent.chat_template = 'arith'
+  config.agent.call_start = '('
+  config.agent.call_end = ')'
+  config.agent.call_body = 'text'
+  config.agent.terse_errors = True
+  config.agent.system_prompt = False
+  config.agent.max_turns = 3
+  config.agent.turn_tokens = 12
+  config.agent.max_env_tokens = 15  # '\n= 9801\nA: ' and the like
+
+
+def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
+  pulse, preset = arith_tiny.split(config_string)
+
+  def task(config: ml_collections.ConfigDict) -> None:
+    apply_task(config)
+    if pulse:
+      arith_tiny.apply_pulse(config)
+      config.train.sft_steps = 0
+
+  return base.get_config(preset, task=task)

@@ -1,0 +1,204 @@
+"""`AgentRollouts`: the trainer's multi-turn sampler. Rows in, one
+trajectory per (row, sample) out, as a `RolloutBatch` with an agent mask,
+the final answers to score, the turn rewards and the rollout metrics.
+
+It owns what lives across steps: the environment spec, the `ToolRunner`
+(threads, counts), the turn format and the compiled `Continuation`. Keys:
+trajectory (row i, sample s) samples turn t with
+fold_in(fold_in(fold_in(PRNGKey(seed), first_prompt + i), s), t), the keys
+of `rollout.driver.request_keys` folded with the turn, so a step's
+trajectories depend only on its seed and weights (exact resume).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxcorr.agents.config import AgentConfig
+from jaxcorr.agents.continuation import Continuation, cache_headroom
+from jaxcorr.agents.driver import AgentDecoder, Episode, TurnLimits
+from jaxcorr.agents.environment import environment_spec
+from jaxcorr.agents.tool_runner import OUTCOMES, ToolRunner
+from jaxcorr.agents.trajectory import Trajectory, to_batch
+from jaxcorr.agents.turns import ARITH_TOOL_TEMPLATE, TurnFormat
+from jaxcorr.data.chat import ChatTemplate
+from jaxcorr.data.tasks import Example
+from jaxcorr.rollout import RolloutBatch
+from jaxcorr.rollout.driver import request_keys
+from jaxcorr.rollout.engine import PolicyEngine
+from jaxcorr.rollout.state import SamplingParams
+
+SUM_METRICS = (
+  'agent/tool_calls',
+  'agent/malformed_calls',
+  'agent/env_errors',
+  'agent/long_observations',
+  *(f'agent/tool_{o}' for o in OUTCOMES),
+)
+"""Metrics that are counts over the rows (the others are means)."""
+
+
+def turn_template(cfg: AgentConfig, hf_path: str) -> ChatTemplate:
+  """The chat template `config.agent.chat_template` names."""
+  if cfg.chat_template == 'arith':
+    return ChatTemplate(ARITH_TOOL_TEMPLATE)
+  if not hf_path:
+    raise ValueError(
+      "config.agent.chat_template: invalid value 'model' without "
+      "config.model.hf_path; allowed: 'arith' for a model from scratch"
+    )
+  return ChatTemplate.from_dir(hf_path)
+
+
+def engine_headroom(cfg: AgentConfig) -> int:
+  """Cache positions the engine needs past prompt + response for the
+  continuations (0 when agents are off)."""
+  if not cfg.enabled or not cfg.kv_reuse:
+    return 0
+  return cache_headroom(cfg.max_env_tokens + 1)
+
+
+def engine_prefill(cfg: AgentConfig, prompt: int, response: int) -> int:
+  """The engine's longest prefill: the prompt, or with `kv_reuse=False`
+  a whole history (prompt + response)."""
+  if cfg.enabled and not cfg.kv_reuse:
+    return prompt + response
+  return prompt
+
+
+class AgentRollouts:
+  """Multi-turn sampling over one engine (module docstring).
+
+  Args:
+    cfg: the `agent` section.
+    engine: the rollout engine (cache with `engine_headroom`).
+    tokenizer: the trainer's tokenizer (`encode(text, bos=)`, `decode`).
+    template: the chat template of the turns.
+    stop_ids: ids that end an agent turn.
+    prompt_length, response_length: the batch's P and T.
+  """
+
+  def __init__(
+    self,
+    cfg: AgentConfig,
+    engine: PolicyEngine,
+    tokenizer: Any,
+    template: ChatTemplate,
+    stop_ids: Sequence[int],
+    *,
+    prompt_length: int,
+    response_length: int,
+  ):
+    self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
+    self.spec = environment_spec(cfg.environment, cfg)
+    self.runner = ToolRunner(
+      self.spec.tools, timeout_s=cfg.tool_timeout_s, workers=cfg.env_workers
+    )
+    self.turns = TurnFormat(template, tokenizer)
+    self.stop_ids = tuple(stop_ids)
+    self.prompt_length, self.response_length = prompt_length, response_length
+    self.continuation = Continuation(engine) if cfg.kv_reuse else None
+    self.limits = TurnLimits(
+      turn_tokens=cfg.turn_tokens,
+      max_turns=cfg.max_turns,
+      response_length=response_length,
+      env_tokens=cfg.max_env_tokens,
+    )
+
+  def sample(
+    self,
+    examples: Sequence[Example],
+    *,
+    num_samples: int,
+    sp: SamplingParams,
+    seed: int,
+    first_prompt: int = 0,
+  ) -> tuple[RolloutBatch, list[str], np.ndarray, dict[str, float]]:
+    """(batch, final answers [B], turn rewards [B], metrics)."""
+    keys = request_keys(seed, first_prompt, len(examples), num_samples)
+    decoder = AgentDecoder(
+      self.engine,
+      self.turns,
+      self.tokenizer.decode,
+      sp=sp,
+      limits=self.limits,
+      stop_token_ids=self.stop_ids,
+      continuation=self.continuation,
+      env_workers=self.cfg.env_workers,
+    )
+    for i, ex in enumerate(examples):
+      prompt = None
+      for s in range(num_samples):
+        env = self.spec.make(self.runner)
+        ids = self.turns.prompt_ids(env.reset(ex))
+        if len(ids) > self.prompt_length:
+          raise ValueError(
+            f'an agent prompt has {len(ids)} tokens > '
+            f'config.rollout.max_prompt_length={self.prompt_length}: '
+            f'{ex.prompt[:80]!r}'
+          )
+        prompt = prompt if prompt == ids else ids  # samples share a prefill
+        row = i * num_samples + s
+        tr = Trajectory(row=row, group=i, sample=s, prompt=prompt)
+        decoder.submit(Episode(tr, env, keys[row]))
+    t0 = time.perf_counter()
+    done: list[Episode] = []
+    try:
+      while decoder.busy:
+        done += decoder.advance()
+    finally:
+      decoder.close()
+    total = time.perf_counter() - t0
+    trajectories = sorted((e.trajectory for e in done), key=lambda t: t.row)
+    cfg = self.engine.config
+    batch = to_batch(
+      trajectories,
+      prompt_length=self.prompt_length,
+      response_length=self.response_length,
+      sp=sp,
+      drop_truncated=self.cfg.drop_truncated,
+      param_dtype=str(np.dtype(cfg.param_dtype)),
+      kv_cache_dtype=str(np.dtype(cfg.dtype)),
+    )
+    metrics = trajectory_metrics(trajectories)
+    metrics['agent/env_time_share'] = decoder.env_seconds / max(total, 1e-9)
+    metrics.update(
+      {
+        f'agent/tool_{k}': float(v)
+        for k, v in self.runner.take_counts().items()
+      }
+    )
+    finals = [t.final_text for t in trajectories]
+    turn_rewards = np.asarray([t.reward for t in trajectories], np.float32)
+    return batch, finals, turn_rewards, metrics
+
+  def close(self) -> None:
+    self.runner.close()
+
+
+def trajectory_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+  """Means over the trajectories, and the counts of `SUM_METRICS`."""
+
+  def info(key):
+    return [t.info.get(key, 0.0) for t in trajectories]
+
+  agent = [sum(t.agent) for t in trajectories]
+  env = [len(t.tokens) - a for t, a in zip(trajectories, agent)]
+  return {
+    'agent/turns_mean': float(np.mean([t.turns for t in trajectories])),
+    'agent/truncated_fraction': float(
+      np.mean([t.truncated for t in trajectories])
+    ),
+    'agent/tool_call_rate': float(np.mean([c > 0 for c in info('tool_calls')])),
+    'agent/agent_tokens_mean': float(np.mean(agent)),
+    'agent/env_tokens_mean': float(np.mean(env)),
+    'agent/turn_reward_mean': float(np.mean([t.reward for t in trajectories])),
+    'agent/tool_calls': float(np.sum(info('tool_calls'))),
+    'agent/malformed_calls': float(np.sum(info('malformed_calls'))),
+    'agent/env_errors': float(np.sum(info('env_errors'))),
+    'agent/long_observations': float(np.sum(info('long_observations'))),
+  }

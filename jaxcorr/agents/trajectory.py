@@ -1,0 +1,156 @@
+"""A trajectory: one sequence per episode, token-in / token-out, with an
+agent mask, and the `RolloutBatch` of a batch of them.
+
+    prompt            the opening messages' ids (the row's prompt side)
+    tokens            everything after it, in order: each agent turn's ids
+                      exactly as the engine sampled them, each environment
+                      turn's ids (the chat template's delta, `turns`)
+    agent             True on the agent's tokens
+    logp, logp_t      μ of each agent token (0.0 on environment tokens)
+    versions          the policy version that sampled each agent token
+                      (-1 on environment tokens)
+
+In the `RolloutBatch` (docs/math/rollout_contract.md §4-§5) the prompt is
+the prompt side, the tokens the response side: `context_mask` covers every
+real token, `response_mask` the agent's only, so environment and template
+tokens are context the trainer's forward attends to but never a loss
+term, a μ or a version. A trajectory that hits the token budget or the
+turn limit before its answer is `truncated` (FinishReason.LENGTH); with
+`drop_truncated` its agent tokens leave `response_mask` too, so it trains
+nothing (it still counts in its group's baseline).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from jaxcorr.rollout import FinishReason, RolloutBatch
+from jaxcorr.rollout.state import SamplingParams
+
+
+@dataclasses.dataclass
+class Trajectory:
+  """Host record of one episode (module docstring).
+
+  Attributes:
+    row, group, sample: its `RolloutBatch` row, group and sample ids.
+    prompt: the prompt ids.
+    turns: agent turns so far.
+    turn_rewards: the environment's reward after each agent turn.
+    truncated: ended by a budget, not by an answer.
+    finish: its `FinishReason`.
+    final_text: the last agent turn's decoded text (what is scored).
+    info: the environment's counts, summed over turns.
+  """
+
+  row: int
+  group: int
+  sample: int
+  prompt: list[int]
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  agent: list[bool] = dataclasses.field(default_factory=list)
+  logp: list[float] = dataclasses.field(default_factory=list)
+  logp_truncated: list[float] = dataclasses.field(default_factory=list)
+  versions: list[int] = dataclasses.field(default_factory=list)
+  turns: int = 0
+  turn_rewards: list[float] = dataclasses.field(default_factory=list)
+  truncated: bool = False
+  finish: FinishReason = FinishReason.STOP
+  final_text: str = ''
+  info: dict[str, float] = dataclasses.field(default_factory=dict)
+
+  def add_agent(self, tokens, logp, logp_t, version: int) -> None:
+    """Sampled tokens with their log-probs, under policy `version`."""
+    tokens = np.asarray(tokens).tolist()
+    self.tokens += tokens
+    self.agent += [True] * len(tokens)
+    self.logp += np.asarray(logp, np.float32).tolist()
+    self.logp_truncated += np.asarray(logp_t, np.float32).tolist()
+    self.versions += [int(version)] * len(tokens)
+
+  def add_env(self, ids: Sequence[int]) -> None:
+    """Environment / template tokens: context, never a loss term."""
+    n = len(ids)
+    self.tokens += [int(i) for i in ids]
+    self.agent += [False] * n
+    self.logp += [0.0] * n
+    self.logp_truncated += [0.0] * n
+    self.versions += [-1] * n
+
+  @property
+  def length(self) -> int:
+    """Prompt and response tokens."""
+    return len(self.prompt) + len(self.tokens)
+
+  @property
+  def reward(self) -> float:
+    """The sum of the turn rewards (the outcome reward is added by the
+    trainer's reward functions)."""
+    return float(sum(self.turn_rewards))
+
+
+def to_batch(
+  trajectories: Sequence[Trajectory],
+  *,
+  prompt_length: int,
+  response_length: int,
+  sp: SamplingParams,
+  drop_truncated: bool = False,
+  engine_name: str = 'jaxcorr.agents/PolicyEngine',
+  param_dtype: str = '',
+  kv_cache_dtype: str = '',
+) -> RolloutBatch:
+  """Trajectories (row i at position i) -> a host `RolloutBatch` of
+  [B, prompt_length] prompts (left-padded) and [B, response_length]
+  responses (module docstring)."""
+  b, p, t = len(trajectories), prompt_length, response_length
+  prompt_tokens = np.zeros((b, p), np.int32)
+  prompt_mask = np.zeros((b, p), bool)
+  response = np.zeros((b, t), np.int32)
+  context = np.zeros((b, t), bool)
+  agent = np.zeros((b, t), bool)
+  logp = np.zeros((b, t), np.float32)
+  logp_t = np.zeros((b, t), np.float32)
+  version = np.full((b, t), -1, np.int32)
+  for i, tr in enumerate(trajectories):
+    q, n = tr.prompt, len(tr.tokens)
+    if len(q) > p or n > t:
+      raise ValueError(
+        f'trajectory {i}: {len(q)} prompt / {n} response tokens exceed '
+        f'[{p}, {t}]'
+      )
+    prompt_tokens[i, p - len(q) :] = q
+    prompt_mask[i, p - len(q) :] = True
+    response[i, :n] = tr.tokens
+    context[i, :n] = True
+    keep = not (drop_truncated and tr.truncated)
+    agent[i, :n] = np.asarray(tr.agent, bool) & keep
+    logp[i, :n] = tr.logp
+    logp_t[i, :n] = tr.logp_truncated
+    version[i, :n] = tr.versions
+  logp = np.where(agent, logp, 0.0).astype(np.float32)
+  logp_t = np.where(agent, logp_t, 0.0).astype(np.float32)
+  version = np.where(agent, version, -1).astype(np.int32)
+  return RolloutBatch(
+    prompt_tokens=prompt_tokens,
+    prompt_mask=prompt_mask,
+    response_tokens=response,
+    context_mask=context,
+    response_mask=agent,
+    rollout_logp=logp,
+    rollout_logp_truncated=logp_t,
+    temperature=np.full((b,), sp.temperature, np.float32),
+    top_k=np.full((b,), sp.top_k, np.int32),
+    top_p=np.full((b,), sp.top_p, np.float32),
+    min_p=np.full((b,), sp.min_p, np.float32),
+    policy_version=version,
+    finish_reason=np.asarray([tr.finish for tr in trajectories], np.int8),
+    group_id=np.asarray([tr.group for tr in trajectories], np.int32),
+    sample_id=np.asarray([tr.sample for tr in trajectories], np.int32),
+    engine_name=engine_name,
+    param_dtype=param_dtype,
+    kv_cache_dtype=kv_cache_dtype,
+  )

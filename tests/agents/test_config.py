@@ -1,0 +1,48 @@
+"""`config.agent`: off by default, and the combinations multi-turn
+rollouts do not support fail at build time naming the config path."""
+
+import pytest
+
+from configs import arith_tiny, arith_tool
+from jaxcorr.agents.config import AgentConfig
+from jaxcorr.agents.episodes import engine_headroom, engine_prefill
+from jaxcorr.train.build import build
+
+
+def test_off_by_default():
+  run = build(arith_tiny.get_config('pulse'))
+  assert not run.agent.enabled
+  assert build(arith_tool.get_config('pulse')).agent.enabled
+
+
+@pytest.mark.parametrize(
+  'section, field, value, message',
+  [
+    ('rollout', 'mode', 'stream', 'config.rollout.mode'),
+    ('rollout', 'logprob_mode', 'replay', 'config.rollout.logprob_mode'),
+    ('agent', 'environment', 'nope', 'config.agent.environment'),
+    ('agent', 'user_content', 'no field', 'config.agent.user_content'),
+    ('agent', 'call_body', 'xml', 'config.agent.call_body'),
+  ],
+)
+def test_unsupported_combinations_fail(section, field, value, message):
+  c = arith_tool.get_config('pulse')
+  c[section][field] = value
+  if field == 'mode':
+    c.rollout.max_staleness = 1
+  with pytest.raises(ValueError, match=message):
+    build(c)
+
+
+def test_dataclass_defaults():
+  cfg = AgentConfig()
+  assert cfg.environment == '' and cfg.kv_reuse and not cfg.drop_truncated
+
+
+def test_engine_sizes():
+  off, on = AgentConfig(), AgentConfig(environment='calculator')
+  assert engine_headroom(off) == 0 and engine_prefill(off, 8, 5) == 8
+  assert engine_headroom(on) == 65  # max_env_tokens + 1: the top bucket
+  assert engine_prefill(on, 8, 5) == 8
+  again = AgentConfig(environment='calculator', kv_reuse=False)
+  assert engine_headroom(again) == 0 and engine_prefill(again, 8, 5) == 13
