@@ -49,7 +49,11 @@ from jaxcorr.train.policy import build_policy
 from jaxcorr.train.rl_step import RLStep
 from jaxcorr.train.rollouts.source import RolloutSource, make_rollouts
 from jaxcorr.train.rollouts.stage import RolloutStage, Scored, make_engine
-from jaxcorr.train.rollouts.weights import copy_tree, engine_params
+from jaxcorr.train.rollouts.weights import (
+  AdapterPublisher,
+  copy_tree,
+  engine_params,
+)
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.tracker import metrics, reduction, sinks
 
@@ -114,10 +118,15 @@ class Trainer:
       )
     meshes = setup.make_meshes(run)
     self.mesh, self.rollout_mesh = meshes.train, meshes.rollout
-    policy = build_policy(run.model, self.mesh)
+    policy = build_policy(run.model, self.mesh, run.lora)
     self.policy, self.model_cfg = policy.module, policy.config
     self.graphdef = policy.graphdef
     self.param_shardings = policy.param_shardings
+    self._publish_adapter = None
+    if run.lora.enabled:
+      self._publish_adapter = AdapterPublisher(
+        self.graphdef, policy.config.vocab_size
+      )
     self.tokenizer = text.make_tokenizer(run.model.hf_path, self.model_cfg)
     self.state, self.steps = setup.build_learner(run, policy, self.mesh)
     self.ref_params = None
@@ -175,7 +184,10 @@ class Trainer:
     return make_engine(self.run, policy, mesh)
 
   def engine_params(self) -> Any:
-    """A copy of the policy's weights for the engine (`weights.py`)."""
+    """A copy of the policy's weights for the engine (`weights.py`); with
+    LoRA an `AdapterUpdate` (the adapters and the delivery probe)."""
+    if self._publish_adapter is not None:
+      return self._publish_adapter(self.state.frozen, self.state.params)
     return engine_params(self.run, self.state.params)
 
   # ------------------------------------------------------- checkpoints

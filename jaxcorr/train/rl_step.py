@@ -156,10 +156,10 @@ class RLStep:
     t0 = time.perf_counter()
     with jax.set_mesh(self.mesh):
       kl_ctrl, train_batch, prep = self.steps.prepare(
-        state.params,
+        state.policy_params(),
         state.critic_params,
         state.kl_ctrl,
-        ref_params,
+        state.policy_params(ref_params) if ref_params is not None else None,
         batch_lib.to_device(self.mesh, batch),
       )
       # When prepare's outputs are ready, seen from a watcher thread: the

@@ -38,6 +38,7 @@ from jaxcorr.losses import kl as kl_lib
 from jaxcorr.losses.advantages import AdvantageConfig
 from jaxcorr.losses.objective_config import LossConfigs
 from jaxcorr.losses.rewards import KLControlConfig
+from jaxcorr.model.lora import LoraConfig
 from jaxcorr.rewards import RewardConfig
 from jaxcorr.sharding import MeshConfig
 from jaxcorr.train.critic import CriticConfig
@@ -149,6 +150,7 @@ class RunConfig:
   optim: OptimConfig
   critic: CriticConfig
   mesh: MeshConfig
+  lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
 
   @property
   def needs_ref(self) -> bool:

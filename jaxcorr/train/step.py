@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective, objective_config, value
@@ -125,11 +126,18 @@ class Steps:
 
   # ------------------------------------------------------------- update
 
-  def _actor_loss(self, params, mic: TrainBatch, counts, key):
+  def _actor_loss(self, params, mic: TrainBatch, counts, key, frozen=None):
     run = self.run
     corr = run.losses.correction
+    if frozen is not None:  # LoRA: differentiate the adapters only
+      params = nnx.merge_state(frozen, params)
     logp, ent = scoring.response_logp(
-      run, self.graphdef, params, mic, entropy=True
+      run,
+      self.graphdef,
+      params,
+      mic,
+      entropy=True,
+      dropout_key=jax.random.fold_in(key, 7) if run.lora.dropout else None,
     )
     correction, gap, gap_weights = None, {}, {}
     if run.decoupled and corr is not None:
@@ -180,7 +188,7 @@ class Steps:
     mic, i = xs
     actor_grad = jax.value_and_grad(self._actor_loss, has_aux=True)
     (loss, (met, gap_weights)), g = actor_grad(
-      state.params, mic, counts, jax.random.fold_in(key, i)
+      state.params, mic, counts, jax.random.fold_in(key, i), state.frozen
     )
     met = dict(met, **{'actor/loss': loss})
     g_acc = jax.tree.map(jnp.add, g_acc, g)
