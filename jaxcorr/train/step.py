@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from flax import nnx
 
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective, objective_config, value
@@ -101,8 +102,17 @@ class Steps:
     )
     # The updated state keeps the input's shardings, so the next step's
     # call hits the same compiled executable.
-    out = None if state_shardings is None else (state_shardings, None)
+    out = None
+    if state_shardings is not None:
+      out = (state_shardings.replace(frozen=None), None)
     self.update = jax.jit(self._update, donate_argnums=(0,), out_shardings=out)
+    if state_shardings is not None and state_shardings.frozen is not None:
+      # LoRA: the frozen base is an argument that is neither donated nor
+      # returned, so no step ever copies it (`update_lora`).
+      self._update_lora = jax.jit(
+        self._update_frozen, donate_argnums=(0,), out_shardings=out
+      )
+      self.update = self.update_lora
 
   def _prepare(
     self,
@@ -241,9 +251,11 @@ class Steps:
             metrics[k] = metrics[k] / denom
     return grads, cgrads, metrics
 
-  def _one_update(self, batch: TrainBatch, key, state: TrainState, xs):
-    """One optimizer update on the mini-batch of rows `idx`."""
+  def _one_update(self, batch: TrainBatch, key, frozen, state: TrainState, xs):
+    """One optimizer update on the mini-batch of rows `idx` (`frozen`: the
+    LoRA base, read here but kept out of the scan's carry)."""
     idx, i = xs
+    state = state.replace(frozen=frozen)
     shard = self.state_shardings
     sub = jax.tree.map(lambda x: x[idx], batch)
     grads, cgrads, metrics = self._minibatch_grads(
@@ -271,7 +283,17 @@ class Steps:
         None if shard is None else shard.critic_params,
       )
       state = state.replace(critic_params=cparams, critic_opt_state=copt)
-    return state, metrics
+    return state.replace(frozen=None), metrics
+
+  def update_lora(self, state: TrainState, batch: TrainBatch):
+    """`update` of a LoRA run: the same step, the base passed apart."""
+    frozen = state.frozen
+    state, metrics = self._update_lora(state.replace(frozen=None), frozen, batch)
+    return state.replace(frozen=frozen), metrics
+
+  def _update_frozen(self, state: TrainState, frozen: Any, batch: TrainBatch):
+    state, metrics = self._update(state.replace(frozen=frozen), batch)
+    return state.replace(frozen=None), metrics
 
   def _update(self, state: TrainState, batch: TrainBatch):
     self.traces['update'] += 1
@@ -288,8 +310,11 @@ class Steps:
       order.append(perm.reshape(t.mini_batches, mb))
     order = jnp.concatenate(order, 0)
     steps = jnp.arange(order.shape[0])
-    body = functools.partial(self._one_update, batch, key)
-    state, metrics = jax.lax.scan(body, state, (order, steps))
+    frozen = state.frozen  # read by every update, not carried by the loop
+    body = functools.partial(self._one_update, batch, key, frozen)
+    state, metrics = jax.lax.scan(
+      body, state.replace(frozen=None), (order, steps)
+    )
     metrics = jax.tree.map(jnp.mean, metrics)
     metrics['actor/updates'] = jnp.asarray(order.shape[0], jnp.float32)
-    return state.replace(rng=rng), metrics
+    return state.replace(rng=rng, frozen=frozen), metrics
