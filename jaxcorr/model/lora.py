@@ -200,9 +200,7 @@ def apply_lora(model: Transformer, cfg: LoraConfig) -> Transformer:
       base = getattr(parent, name)
       shape = base.kernel.shape[1:] if stacked else base.kernel.shape
       n = model.config.num_layers if stacked else None
-      setattr(
-        parent, name, LoraLinear(base, cfg, shape, rngs=rngs, stacked=n)
-      )
+      setattr(parent, name, LoraLinear(base, cfg, shape, rngs=rngs, stacked=n))
   return model
 
 

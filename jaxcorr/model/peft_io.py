@@ -31,19 +31,25 @@ _HF_PARENT = {'attn': 'self_attn', 'mlp': 'mlp'}
 def peft_tensors(adapter: Any) -> dict[str, np.ndarray]:
   """`{PEFT key: float32 array}` of an adapter state (layers listed or
   stacked by `scan_layers`)."""
-  pure = nnx.to_pure_dict(adapter) if isinstance(adapter, nnx.State) else adapter
+  pure = (
+    nnx.to_pure_dict(adapter) if isinstance(adapter, nnx.State) else adapter
+  )
   layers = pure['layers']
   out = {}
 
   def put(i, parent, name, node):
     prefix = f'base_model.model.model.layers.{i}.{_HF_PARENT[parent]}.{name}'
-    a, b = (np.asarray(node['lora'][k], np.float32) for k in ('lora_a', 'lora_b'))
+    a, b = (
+      np.asarray(node['lora'][k], np.float32) for k in ('lora_a', 'lora_b')
+    )
     out[f'{prefix}.lora_A.weight'] = np.ascontiguousarray(a.T)
     out[f'{prefix}.lora_B.weight'] = np.ascontiguousarray(b.T)
 
   stacked = not all(isinstance(k, int) for k in layers)
   per_layer = (
-    [(None, layers)] if stacked else sorted(layers.items(), key=lambda kv: kv[0])
+    [(None, layers)]
+    if stacked
+    else sorted(layers.items(), key=lambda kv: kv[0])
   )
   for i, layer in per_layer:
     for parent, mods in layer.items():

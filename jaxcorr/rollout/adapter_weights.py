@@ -97,9 +97,7 @@ class AdapterWeights:
     tol = lora.delivery_tol
     self.tolerance = auto_tolerance(config.dtype) if tol is None else tol
     self.tokens = probe_tokens(config.vocab_size)
-    self._probe = jax.jit(
-      lambda p: probe_logprobs(graphdef, p, self.tokens)
-    )
+    self._probe = jax.jit(lambda p: probe_logprobs(graphdef, p, self.tokens))
     self._merge = jax.jit(lambda s: merge_into(abstract_state, s, lora.scale))
     full = self._place(self._state(initial), self._lora_shardings)
     self.adapter, self.frozen = split_adapter(full)

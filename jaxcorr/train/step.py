@@ -31,7 +31,6 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from flax import nnx
 
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective, objective_config, value
@@ -288,7 +287,9 @@ class Steps:
   def update_lora(self, state: TrainState, batch: TrainBatch):
     """`update` of a LoRA run: the same step, the base passed apart."""
     frozen = state.frozen
-    state, metrics = self._update_lora(state.replace(frozen=None), frozen, batch)
+    state, metrics = self._update_lora(
+      state.replace(frozen=None), frozen, batch
+    )
     return state.replace(frozen=frozen), metrics
 
   def _update_frozen(self, state: TrainState, frozen: Any, batch: TrainBatch):

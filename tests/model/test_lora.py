@@ -110,6 +110,6 @@ def test_config_names_allowed_targets():
   assert lora_lib.LoraConfig(
     rank=2, target_modules='q_proj, down_proj'
   ).target_modules == ('q_proj', 'down_proj')
-  with pytest.raises(ValueError, match='LoraConfig.target_modules.*qkv'):
+  with pytest.raises(ValueError, match=r'LoraConfig.target_modules.*qkv'):
     lora_lib.LoraConfig(rank=2, target_modules='qkv')
   assert not lora_lib.LoraConfig().enabled

@@ -32,7 +32,9 @@ def test_only_adapters_train_and_the_base_is_not_copied():
   adapter = state.params
   assert all(
     isinstance(v, nnx.LoRAParam)
-    for v in jax.tree.leaves(adapter, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    for v in jax.tree.leaves(
+      adapter, is_leaf=lambda x: isinstance(x, nnx.Variable)
+    )
   )
   n_adapter = sum(x.size for x in jax.tree.leaves(adapter))
   n_base = sum(x.size for x in jax.tree.leaves(state.frozen))
@@ -46,11 +48,11 @@ def test_only_adapters_train_and_the_base_is_not_copied():
   arrays = step_arrays(run, 1)
   with jax.set_mesh(mesh):
     dev = batch_lib.to_device(mesh, arrays)
-    _, train_arrays, prep = steps.prepare(
+    _, train_arrays, _ = steps.prepare(
       state.policy_params(), None, state.kl_ctrl, None, dev
     )
     state, metrics = steps.update(state, train_arrays)
-  assert float(metrics["actor/grad_norm"]) > 0
+  assert float(metrics['actor/grad_norm']) > 0
   # Two updates: B moves first (A's gradient is 0 while B = 0), then A.
   moved = jax.tree.map(
     lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))),
@@ -59,7 +61,8 @@ def test_only_adapters_train_and_the_base_is_not_copied():
   )
   assert all(jax.tree.leaves(moved))
   for a, b in zip(
-    jax.tree.leaves(before_frozen), jax.tree.leaves(jax.device_get(state.frozen))
+    jax.tree.leaves(before_frozen),
+    jax.tree.leaves(jax.device_get(state.frozen)),
   ):
     np.testing.assert_array_equal(a, b)
   # Donated and returned as is: the same device buffers, no per-step copy.

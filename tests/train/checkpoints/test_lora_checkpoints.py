@@ -29,7 +29,9 @@ def _learner(seed: int):
     )
   )
   mesh = one_device_mesh()
-  return run, setup.build_learner(run, build_policy(run.model, mesh, run.lora), mesh)[0]
+  return run, setup.build_learner(
+    run, build_policy(run.model, mesh, run.lora), mesh
+  )[0]
 
 
 def _bytes(tree) -> int:
@@ -63,6 +65,6 @@ def test_adapter_checkpoint_round_trip_and_base_check(tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert restored.frozen is fresh.frozen
   _, other = _learner(1)
-  with pytest.raises(BaseMismatchError, match='other base weights.*differs'):
+  with pytest.raises(BaseMismatchError, match=r'other base weights.*differs'):
     ckpt.restore(other)
   ckpt.close()
