@@ -119,26 +119,8 @@ class PolicyEngine(engine_api.Engine):
       kept_capacity=kept_set_capacity,
       mesh=mesh,
     )
-    lora = lora if lora is not None and lora.enabled else None
-    if lora is not None and not lora.engine_merged:
-      abstract = nnx.eval_shape(lambda: lora_model(cfg, lora))
-    else:
-      abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-    graphdef, abstract_state = nnx.split(abstract)
+    graphdef, self.weights = _weights(cfg, model, mesh, lora)
     self.programs = decode.jit_programs(graphdef, kept_set_capacity)
-    if lora is None:
-      self.weights = PolicyWeights(
-        abstract_state, param_dtype=cfg.param_dtype, mesh=mesh, initial=model
-      )
-    else:
-      self.weights = AdapterWeights(
-        graphdef,
-        abstract_state,
-        config=cfg,
-        lora=lora,
-        mesh=mesh,
-        initial=model,
-      )
     self.requests = RequestDecoding(
       self.layout,
       self.programs,
@@ -324,3 +306,29 @@ class PolicyEngine(engine_api.Engine):
     """`BatchedDecoding.refresh_cache`: live rows' caches recomputed under
     the current weights."""
     return self.batched.refresh_cache(decode_state, contexts)
+
+
+def _weights(cfg, model, mesh, lora) -> tuple[Any, Any]:
+  """(the engine model's graph, its weights): `PolicyWeights` of a plain
+  `Transformer`, or for a LoRA policy `AdapterWeights` over the plain
+  graph (merged) or the LoRA graph (unmerged)."""
+  lora = lora if lora is not None and lora.enabled else None
+  if lora is not None and not lora.engine_merged:
+    abstract = nnx.eval_shape(lambda: lora_model(cfg, lora))
+  else:
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  graphdef, abstract_state = nnx.split(abstract)
+  if lora is None:
+    weights = PolicyWeights(
+      abstract_state, param_dtype=cfg.param_dtype, mesh=mesh, initial=model
+    )
+  else:
+    weights = AdapterWeights(
+      graphdef,
+      abstract_state,
+      config=cfg,
+      lora=lora,
+      mesh=mesh,
+      initial=model,
+    )
+  return graphdef, weights

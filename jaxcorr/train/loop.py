@@ -49,11 +49,7 @@ from jaxcorr.train.policy import build_policy
 from jaxcorr.train.rl_step import RLStep
 from jaxcorr.train.rollouts.source import RolloutSource, make_rollouts
 from jaxcorr.train.rollouts.stage import RolloutStage, Scored, make_engine
-from jaxcorr.train.rollouts.weights import (
-  AdapterPublisher,
-  copy_tree,
-  engine_params,
-)
+from jaxcorr.train.rollouts.weights import copy_tree, weight_sync
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.tracker import metrics, reduction, sinks
 
@@ -122,11 +118,9 @@ class Trainer:
     self.policy, self.model_cfg = policy.module, policy.config
     self.graphdef = policy.graphdef
     self.param_shardings = policy.param_shardings
-    self._publish_adapter = None
-    if run.lora.enabled:
-      self._publish_adapter = AdapterPublisher(
-        self.graphdef, policy.config.vocab_size
-      )
+    # () -> a copy of the policy's weights for the engine (weights.py).
+    sync = weight_sync(run, policy)
+    self.engine_params = lambda: sync(self.state)
     self.tokenizer = text.make_tokenizer(run.model.hf_path, self.model_cfg)
     self.state, self.steps = setup.build_learner(run, policy, self.mesh)
     self.ref_params = None
@@ -182,13 +176,6 @@ class Trainer:
       # JAX cannot device_put across hosts, so start from host copies.
       policy = nnx.merge(self.graphdef, self.engine_params())
     return make_engine(self.run, policy, mesh)
-
-  def engine_params(self) -> Any:
-    """A copy of the policy's weights for the engine (`weights.py`); with
-    LoRA an `AdapterUpdate` (the adapters and the delivery probe)."""
-    if self._publish_adapter is not None:
-      return self._publish_adapter(self.state.frozen, self.state.params)
-    return engine_params(self.run, self.state.params)
 
   # ------------------------------------------------------- checkpoints
 

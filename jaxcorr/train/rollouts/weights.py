@@ -5,6 +5,7 @@ the SFT warm-up's starting point."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -76,3 +77,13 @@ class AdapterPublisher:
     """The update of version `adapter` (the trainer's current adapters)."""
     copy = copy_tree(adapter)
     return AdapterUpdate(copy, self._probe(frozen, copy))
+
+
+def weight_sync(run: RunConfig, policy: Any) -> Callable[[Any], Any]:
+  """`TrainState` -> what a weight sync sends the engine: `engine_params`
+  of its params, or for a LoRA run (`policy`: its
+  `jaxcorr.train.policy.Policy`) an `AdapterPublisher` update."""
+  if not run.lora.enabled:
+    return lambda state: engine_params(run, state.params)
+  publish = AdapterPublisher(policy.graphdef, policy.config.vocab_size)
+  return lambda state: publish(state.frozen, state.params)
