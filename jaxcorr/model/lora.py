@@ -323,7 +323,11 @@ def merge_into(
 # ------------------------------------------------------ the delivery probe
 
 
-def probe_tokens(vocab_size: int, length: int = 16) -> jax.Array:
+PROBE_LENGTH = 16
+"""Tokens of the delivery probe row."""
+
+
+def probe_tokens(vocab_size: int, length: int = PROBE_LENGTH) -> jax.Array:
   """The fixed [1, length] token row both sides of a weight sync score."""
   return (jnp.arange(length, dtype=jnp.int32)[None] * 7919 + 3) % vocab_size
 

@@ -45,9 +45,12 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from absl import logging
 
 from jaxcorr import console
+from jaxcorr.model.lora import PROBE_LENGTH
+from jaxcorr.rollout.adapter_weights import AdapterUpdate
 from jaxcorr.train.checkpoints import checkpointer as checkpoint
 from jaxcorr.train.checkpoints import workdir as workdir_lib
 from jaxcorr.train.checkpoints.base_fingerprint import (
@@ -79,6 +82,19 @@ class Progress:
   # Fixed-lag async: {version: engine weights} older than `step` that the
   # next batches are sampled by (module doc).
   lagged: dict[int, Any] = dataclasses.field(default_factory=dict)
+
+
+def _engine_copy(run: RunConfig, state: TrainState) -> Any:
+  """What the producer holds per lagged version: `engine_params`, or for
+  LoRA an `AdapterUpdate` (adapters + the probe's log-probs)."""
+  if state.frozen is None:
+    return engine_params(run, state.params)
+  leaf = jax.tree.leaves(state.params)[0]
+  rep = jax.sharding.NamedSharding(
+    leaf.sharding.mesh, jax.sharding.PartitionSpec()
+  )
+  probe = jax.ShapeDtypeStruct((PROBE_LENGTH - 1,), jnp.float32, sharding=rep)
+  return AdapterUpdate(state.params, probe)
 
 
 class RunCheckpoints:
@@ -217,7 +233,7 @@ class RunCheckpoints:
     want = list(range(max(step - lag, 0), step))
     if versions and versions == want[-len(versions) :]:
       # Shapes, dtypes and shardings of the engine's copies (weights.py).
-      like = abstract_like(engine_params(self.run, state.params))
+      like = abstract_like(_engine_copy(self.run, state))
       target = {f'v{v}': like for v in versions}
       try:
         values, _ = self.lagged_store.restore(target, step=step)

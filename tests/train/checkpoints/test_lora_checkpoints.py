@@ -10,10 +10,12 @@ import jax
 import numpy as np
 import pytest
 
+from jaxcorr.rollout.adapter_weights import AdapterUpdate
 from jaxcorr.train import build, setup
 from jaxcorr.train.checkpoints.base_fingerprint import BaseMismatchError
 from jaxcorr.train.checkpoints.resume import Progress, RunCheckpoints
 from jaxcorr.train.policy import build_policy
+from jaxcorr.train.rollouts.weights import weight_sync
 from tests.helpers.step_batches import one_device_mesh
 from tests.helpers.trainer_config import pulse_config
 
@@ -26,12 +28,14 @@ def _learner(seed: int):
       model__init_seed=seed,
       model__hidden_size=256,
       model__intermediate_size=768,
+      rollout__mode='async',
+      rollout__max_staleness=1,
     )
   )
   mesh = one_device_mesh()
-  return run, setup.build_learner(
-    run, build_policy(run.model, mesh, run.lora), mesh
-  )[0]
+  policy = build_policy(run.model, mesh, run.lora)
+  state = setup.build_learner(run, policy, mesh)[0]
+  return run, state, weight_sync(run, policy)
 
 
 def _bytes(tree) -> int:
@@ -39,32 +43,38 @@ def _bytes(tree) -> int:
 
 
 def test_adapter_checkpoint_round_trip_and_base_check(tmp_path):
-  run, state = _learner(0)
+  run, state, sync = _learner(0)
   # Non-trivial values: B and the moments must come back bit for bit.
   state = state.replace(
     params=jax.tree.map(lambda x: x + 0.5, state.params),
     opt_state=jax.tree.map(lambda x: x + 1, state.opt_state),
   )
   ckpt = RunCheckpoints(str(tmp_path), run, 'pulse')
-  assert ckpt.save(Progress(step=3, sft_done=True), state, None, force=True)
+  # Fixed lag: the producer's adapters of version 2 are saved beside.
+  lagged = {2: sync(state)}
+  progress = Progress(step=3, sft_done=True, lagged=lagged)
+  assert ckpt.save(progress, state, None, force=True)
   ckpt.checkpointer.wait()
   saved = sum(
     os.path.getsize(os.path.join(d, f))
-    for d, _, files in os.walk(tmp_path / 'checkpoints')
+    for d, _, files in os.walk(tmp_path)
     for f in files
   )
   # Adapters + Adam moments, far below the base's bytes.
   assert saved < _bytes(state.frozen) / 2
-  _, fresh = _learner(0)
+  _, fresh, _ = _learner(0)
   restored, _, progress = ckpt.restore(fresh)
   assert progress.step == 3
+  assert isinstance(progress.lagged[2], AdapterUpdate)
+  for a, b in zip(jax.tree.leaves(lagged), jax.tree.leaves(progress.lagged)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   for a, b in zip(
     jax.tree.leaves((state.params, state.opt_state)),
     jax.tree.leaves((restored.params, restored.opt_state)),
   ):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert restored.frozen is fresh.frozen
-  _, other = _learner(1)
+  _, other, _ = _learner(1)
   with pytest.raises(BaseMismatchError, match=r'other base weights.*differs'):
     ckpt.restore(other)
   ckpt.close()
