@@ -174,7 +174,8 @@ class Trainer:
     if self.process_count > 1:
       # The policy's arrays span every host, the engine's mesh may not:
       # JAX cannot device_put across hosts, so start from host copies.
-      policy = nnx.merge(self.graphdef, self.engine_params())
+      whole = engine_params(self.run, self.state.policy_params())
+      policy = nnx.merge(self.graphdef, whole)
     return make_engine(self.run, policy, mesh)
 
   # ------------------------------------------------------- checkpoints
