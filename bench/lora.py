@@ -11,8 +11,8 @@ are read) for the attention-only and all-projection targets at
 `--width` (SmolLM2's head/MLP ratios) in float32 on this machine, with the
 real components, same process, alternating rounds, medians:
 
-  sync      full: `PolicyEngine.update_params(params)` (cast + place every
-            weight); LoRA: `AdapterPublisher` (copy the adapters + the
+  sync      full: `engine_params` (the trainer's copy of every weight) +
+            `PolicyEngine.update_params` (cast + place); LoRA: `AdapterPublisher` (copy the adapters + the
             trainer's probe) + `AdapterWeights.update` (merge or swap,
             then the delivery check)
   optimizer bytes of AdamW's state after `tx.init` (full vs adapters)
@@ -45,7 +45,7 @@ from jaxcorr.model.lora import (
 )
 from jaxcorr.rollout.decoder import Decoder, Request
 from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
-from jaxcorr.train.rollouts.weights import AdapterPublisher
+from jaxcorr.train.rollouts.weights import AdapterPublisher, copy_tree
 
 
 def smollm2_shapes() -> TransformerConfig:
@@ -113,6 +113,9 @@ def main() -> None:
   ap.add_argument('--layers', type=int, default=4)
   ap.add_argument('--width', type=int, default=256)
   ap.add_argument('--rounds', type=int, default=5)
+  ap.add_argument(
+    '--decode_only', action='store_true', help='time decode tokens/s only'
+  )
   a = ap.parse_args()
   print('bytes per sync, SmolLM2-135M shapes, rank', a.rank, sync_bytes(a.rank))
 
@@ -180,6 +183,9 @@ def main() -> None:
 
   for e in (e_merged, e_unmerged):
     decode(e)  # compile
+  if a.decode_only:
+    _decode_rounds(a.rounds, decode, e_merged, e_unmerged)
+    return
   res = {
     k: []
     for k in (
@@ -194,7 +200,10 @@ def main() -> None:
   }
   for _ in range(a.rounds):
     res['sync_full'].append(
-      _median(lambda: e_full.update_params(full_p, 2) or e_full.params, 1)
+      _median(
+        lambda: e_full.update_params(copy_tree(full_p), 2) or e_full.params,
+        1,
+      )
     )
     res['sync_merged'].append(
       _median(
@@ -240,6 +249,20 @@ def main() -> None:
   print(
     f'  decode unmerged / merged  {med["tps_unmerged"] / med["tps_merged"]:.2f}x'
   )
+
+
+def _decode_rounds(rounds, decode, e_merged, e_unmerged) -> None:
+  """Decode tokens/s only, the order of the two engines alternating."""
+  tps = {'merged': [], 'unmerged': []}
+  for r in range(rounds):
+    pair = [('merged', e_merged), ('unmerged', e_unmerged)]
+    for name, e in pair if r % 2 == 0 else pair[::-1]:
+      t0 = time.perf_counter()
+      n = decode(e)
+      tps[name].append(n / (time.perf_counter() - t0))
+  med = {k: statistics.median(v) for k, v in tps.items()}
+  print(f'decode tok/s medians of {rounds} rounds: {med}')
+  print(f'  decode unmerged / merged  {med["unmerged"] / med["merged"]:.2f}x')
 
 
 if __name__ == '__main__':
