@@ -63,7 +63,10 @@ def _perturbed(model):
   return perturb(adapter), frozen
 
 
-@pytest.mark.parametrize('scan', [False, True])
+# Stacked (scan_layers) adapters: slow here; the PEFT test covers both.
+@pytest.mark.parametrize(
+  'scan', [False, pytest.param(True, marks=pytest.mark.slow)]
+)
 def test_fresh_adapter_is_the_base_model_and_merges_exactly(scan):
   cfg = _cfg(scan)
   lc = lora_lib.LoraConfig(rank=4, alpha=8.0, target_modules=lora_lib.TARGETS)

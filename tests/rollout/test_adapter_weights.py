@@ -61,7 +61,9 @@ def _trainer_logp(model, state, req):
   return np.asarray(lp)[0, p - 1 : p - 1 + n]
 
 
-@pytest.mark.parametrize('merged', [True, False])
+@pytest.mark.parametrize(
+  'merged', [True, pytest.param(False, marks=pytest.mark.slow)]
+)
 def test_tokens_carry_the_adapter_version_that_sampled_them(policy, merged):
   model, frozen, (v0, v1), publish = policy
   dec = Decoder(
