@@ -169,6 +169,13 @@ def check_combinations(run: RunConfig) -> None:
       '0 with config.lora.rank > 0',
       'the SFT warm-up trains every weight; a LoRA run starts from its model',
     )
+  if run.lora.enabled and r.engine_quant != 'none':
+    fail(
+      'config.rollout.engine_quant',
+      r.engine_quant,
+      "'none' with config.lora.rank > 0",
+      'a LoRA sync sends adapters, which the int8 fake-quantiser does not take',
+    )
   if r.batch_size % t.mini_batches:
     fail(
       'config.train.mini_batches',

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from jaxcorr.train import batch as batch_lib
@@ -68,3 +69,14 @@ def test_only_adapters_train_and_the_base_is_not_copied():
   # Donated and returned as is: the same device buffers, no per-step copy.
   after = [x.unsafe_buffer_pointer() for x in jax.tree.leaves(state.frozen)]
   assert after == pointers
+
+
+def test_lora_config_refuses_sft_and_engine_quant():
+  with pytest.raises(ValueError, match=r'config\.train\.sft_steps.*lora'):
+    build.build(pulse_config(lora__rank=2, train__sft_steps=2))
+  with pytest.raises(ValueError, match=r'config\.rollout\.engine_quant'):
+    build.build(
+      pulse_config(
+        lora__rank=2, train__sft_steps=0, rollout__engine_quant='int8'
+      )
+    )
