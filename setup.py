@@ -63,6 +63,9 @@ setup(
       # offline and a local MLflow file store.
       'wandb>=0.19',
       'mlflow-skinny>=3.0',
+      # LoRA adapters exported as PEFT directories load in peft
+      # (tests/model/test_peft_io.py, tests/train/test_lora_run.py).
+      'peft>=0.21',
     ],
     # The math_verify reward (jaxcorr.rewards.verifiers): math-verify brings
     # sympy and an ANTLR LaTeX parser, which a trainer on its own tasks

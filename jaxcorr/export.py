@@ -23,6 +23,13 @@ with `checkpoints/` or `metrics.jsonl`), is refused, since the export's
 config.json would replace the run's and lose its config; any other
 non-empty directory needs `--force` (files of the same name are then
 replaced).
+
+LoRA runs (`config.lora.rank > 0`) checkpoint only the adapters: `--adapter`
+writes them as a PEFT directory for the run's base model
+(`jaxcorr.model.peft_io.save_peft`; `peft.PeftModel.from_pretrained(base,
+out)` loads it), and without it the adapters are merged into the base
+(the HF checkpoint of `config.model.hf_path`, or the scratch init of
+`config.model.init_seed`) and written through the same HF path.
 """
 
 from __future__ import annotations
@@ -45,6 +52,12 @@ _OUT = flags.DEFINE_string('out', None, 'Output Hugging Face directory.')
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: latest).')
 _DTYPE = flags.DEFINE_enum(
   'dtype', None, ['float32', 'bfloat16', 'float16'], 'Saved dtype.'
+)
+_ADAPTER = flags.DEFINE_bool(
+  'adapter',
+  False,
+  'LoRA runs: write the adapters as a PEFT directory (adapter_config.json '
+  '+ adapter_model.safetensors) instead of the merged model.',
 )
 _FORCE = flags.DEFINE_bool(
   'force', False, 'Write into a non-empty --out (never into a run directory).'
@@ -139,9 +152,11 @@ def export(
   step: int | None = None,
   dtype: str | None = None,
   force: bool = False,
+  adapter: bool = False,
 ) -> int:
-  """Writes the policy of `workdir`'s checkpoint to `out`; returns the step.
-  `out` is checked first (`check_out`)."""
+  """Writes the policy of `workdir`'s checkpoint to `out` (`adapter`: a
+  LoRA run's adapters as PEFT); returns the step. `out` is checked first
+  (`check_out`)."""
   from jaxcorr.model import Transformer, save_hf
   from jaxcorr.train.checkpoints import checkpointer as checkpoint
 
@@ -157,6 +172,14 @@ def export(
       'step yet (the first is written after the SFT warm-up)'
     )
   cfg = model_config(config)
+  lora = _lora(config)
+  if lora is not None:
+    return _export_lora(config, cfg, lora, ckpt_dir, out, step, dtype, adapter)
+  if adapter:
+    raise ValueError(
+      f'--adapter: the run in {workdir} is not a LoRA run (config.lora.rank '
+      'is 0); export it without --adapter'
+    )
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   graphdef, shapes = nnx.split(abstract)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -178,6 +201,64 @@ def export(
   return step
 
 
+def _lora(config: Any) -> Any:
+  """The run's `LoraConfig` when it trained adapters, else None."""
+  from jaxcorr.config import convert
+  from jaxcorr.model.lora import LoraConfig
+
+  if 'lora' not in config:
+    return None
+  lora = convert.build(LoraConfig, 'config.lora', convert.values(config.lora))
+  return lora if lora.enabled else None
+
+
+def _export_lora(config, cfg, lora, ckpt_dir, out, step, dtype, adapter):
+  """A LoRA run's checkpoint: PEFT adapters, or merged into the base."""
+  from jaxcorr.model import Transformer, load_hf, save_hf
+  from jaxcorr.model.lora import (
+    apply_lora,
+    lora_model,
+    merge_into,
+    split_adapter,
+  )
+  from jaxcorr.model.peft_io import save_peft
+  from jaxcorr.train.checkpoints import checkpointer as checkpoint
+
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  shapes, _ = split_adapter(
+    nnx.state(nnx.eval_shape(lambda: lora_model(cfg, lora)))
+  )
+  target = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes
+  )
+  with checkpoint.Checkpointer(
+    ckpt_dir, every=0, keep=1, read_only=True
+  ) as ckpt:
+    params, _, step = ckpt.restore_subtree(
+      ('state', 'params'), target, step=step
+    )
+  hf_path = config.model.hf_path
+  if adapter:
+    save_peft(params, lora, out, base_model=hf_path)
+    return step
+  if hf_path:
+    base = load_hf(
+      hf_path,
+      param_dtype=cfg.param_dtype,
+      dtype=cfg.dtype,
+      scan_layers=cfg.scan_layers,
+    )
+  else:  # the trainer's scratch init (same seed, same values)
+    base = Transformer(cfg, rngs=nnx.Rngs(config.model.init_seed))
+  graphdef, plain = nnx.split(base)
+  full = nnx.merge_state(nnx.state(apply_lora(base, lora)), params)
+  merged = merge_into(plain, full, lora.scale)
+  save_hf(
+    nnx.merge(graphdef, merged), out, dtype=dtype, tokenizer_dir=hf_path or None
+  )
+  return step
+
+
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
@@ -188,6 +269,7 @@ def main(argv: Sequence[str]) -> None:
       step=_STEP.value,
       dtype=_DTYPE.value,
       force=_FORCE.value,
+      adapter=_ADAPTER.value,
     )
   except (FileNotFoundError, ValueError) as e:
     raise app.UsageError(str(e)) from None

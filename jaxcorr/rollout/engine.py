@@ -40,7 +40,9 @@ import jax
 from flax import nnx
 
 from jaxcorr.model import Transformer, TransformerConfig
+from jaxcorr.model.lora import LoraConfig, lora_model
 from jaxcorr.rollout import decode, layout
+from jaxcorr.rollout.adapter_weights import AdapterWeights
 from jaxcorr.rollout.batched import BatchedDecoding
 from jaxcorr.rollout.policy_weights import PolicyWeights
 from jaxcorr.rollout.requests import RequestDecoding
@@ -83,6 +85,8 @@ class PolicyEngine(engine_api.Engine):
     kept_set_capacity: C > 0 records, per generated token, the kept set it
       was sampled from (`rollout/kept_set.py`, width C) for
       `logprob_mode='replay'`; 0 (default) records nothing.
+    lora: a LoRA policy's adapter config: weights then swap by adapter
+      (`rollout/adapter_weights.py`, merged or not as it says).
   """
 
   def __init__(
@@ -100,6 +104,7 @@ class PolicyEngine(engine_api.Engine):
     decode_chunk: int = 32,
     min_attend_bucket: int = 32,
     kept_set_capacity: int = 0,
+    lora: LoraConfig | None = None,
   ):
     cfg = model.config
     if dtype is not None:
@@ -114,12 +119,8 @@ class PolicyEngine(engine_api.Engine):
       kept_capacity=kept_set_capacity,
       mesh=mesh,
     )
-    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-    graphdef, abstract_state = nnx.split(abstract)
+    graphdef, self.weights = _weights(cfg, model, mesh, lora)
     self.programs = decode.jit_programs(graphdef, kept_set_capacity)
-    self.weights = PolicyWeights(
-      abstract_state, param_dtype=cfg.param_dtype, mesh=mesh, initial=model
-    )
     self.requests = RequestDecoding(
       self.layout,
       self.programs,
@@ -305,3 +306,29 @@ class PolicyEngine(engine_api.Engine):
     """`BatchedDecoding.refresh_cache`: live rows' caches recomputed under
     the current weights."""
     return self.batched.refresh_cache(decode_state, contexts)
+
+
+def _weights(cfg, model, mesh, lora) -> tuple[Any, Any]:
+  """(the engine model's graph, its weights): `PolicyWeights` of a plain
+  `Transformer`, or for a LoRA policy `AdapterWeights` over the plain
+  graph (merged) or the LoRA graph (unmerged)."""
+  lora = lora if lora is not None and lora.enabled else None
+  if lora is not None and not lora.engine_merged:
+    abstract = nnx.eval_shape(lambda: lora_model(cfg, lora))
+  else:
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  graphdef, abstract_state = nnx.split(abstract)
+  if lora is None:
+    weights = PolicyWeights(
+      abstract_state, param_dtype=cfg.param_dtype, mesh=mesh, initial=model
+    )
+  else:
+    weights = AdapterWeights(
+      graphdef,
+      abstract_state,
+      config=cfg,
+      lora=lora,
+      mesh=mesh,
+      initial=model,
+    )
+  return graphdef, weights

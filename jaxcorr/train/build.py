@@ -39,6 +39,7 @@ from jaxcorr.losses.advantages import AdvantageConfig
 from jaxcorr.losses.correction import CorrectionConfig
 from jaxcorr.losses.objective_config import ActorLossConfig, LossConfigs
 from jaxcorr.losses.rewards import KLControlConfig, check_kl_horizon
+from jaxcorr.model.lora import LoraConfig
 from jaxcorr.sharding import MeshConfig
 from jaxcorr.train.critic import CriticConfig
 from jaxcorr.train.evals import sets as eval_sets
@@ -60,6 +61,7 @@ SECTIONS: dict[str, type] = {
   'mesh': MeshConfig,
   'eval': EvalConfig,
   'agent': AgentConfig,
+  'lora': LoraConfig,
 }
 """The trainer sections that map one ConfigDict section to one dataclass
 (`correction`, `actor` and `algorithm` are assembled below)."""
@@ -166,6 +168,20 @@ def check_combinations(run: RunConfig) -> None:
     samples_per_prompt=r.samples_per_prompt,
   )
   fail = fields.fail
+  if run.lora.enabled and t.sft_steps:
+    fail(
+      'config.train.sft_steps',
+      t.sft_steps,
+      '0 with config.lora.rank > 0',
+      'the SFT warm-up trains every weight; a LoRA run starts from its model',
+    )
+  if run.lora.enabled and r.engine_quant != 'none':
+    fail(
+      'config.rollout.engine_quant',
+      r.engine_quant,
+      "'none' with config.lora.rank > 0",
+      'a LoRA sync sends adapters, which the int8 fake-quantiser does not take',
+    )
   if r.batch_size % t.mini_batches:
     fail(
       'config.train.mini_batches',

@@ -48,7 +48,7 @@ from jaxcorr.train.policy import build_policy
 from jaxcorr.train.rl_step import RLStep
 from jaxcorr.train.rollouts.source import RolloutSource, make_rollouts
 from jaxcorr.train.rollouts.stage import RolloutStage, Scored, make_engine
-from jaxcorr.train.rollouts.weights import copy_tree, engine_params
+from jaxcorr.train.rollouts.weights import copy_tree, engine_params, weight_sync
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.tracker import metrics, reduction, sinks
 from jaxcorr.train.tracker.profile import StepProfiler
@@ -112,10 +112,13 @@ class Trainer:
       )
     meshes = setup.make_meshes(run)
     self.mesh, self.rollout_mesh = meshes.train, meshes.rollout
-    policy = build_policy(run.model, self.mesh)
+    policy = build_policy(run.model, self.mesh, run.lora)
     self.policy, self.model_cfg = policy.module, policy.config
     self.graphdef = policy.graphdef
     self.param_shardings = policy.param_shardings
+    # () -> a copy of the policy's weights for the engine (weights.py).
+    sync = weight_sync(run, policy)
+    self.engine_params = lambda: sync(self.state)
     self.tokenizer = text.make_tokenizer(run.model.hf_path, self.model_cfg)
     self.state, self.steps = setup.build_learner(run, policy, self.mesh)
     self.ref_params = None
@@ -170,12 +173,9 @@ class Trainer:
     if self.process_count > 1:
       # The policy's arrays span every host, the engine's mesh may not:
       # JAX cannot device_put across hosts, so start from host copies.
-      policy = nnx.merge(self.graphdef, self.engine_params())
+      whole = engine_params(self.run, self.state.policy_params())
+      policy = nnx.merge(self.graphdef, whole)
     return make_engine(self.run, policy, mesh)
-
-  def engine_params(self) -> Any:
-    """A copy of the policy's weights for the engine (`weights.py`)."""
-    return engine_params(self.run, self.state.params)
 
   # ------------------------------------------------------- checkpoints
 

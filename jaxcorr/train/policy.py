@@ -30,6 +30,7 @@ from jaxcorr.config.fields import (
   validate,
 )
 from jaxcorr.model import Transformer, TransformerConfig, load_hf
+from jaxcorr.model.lora import LoraConfig, apply_lora
 
 _POS, _NAT = integer(1), integer(0)
 
@@ -122,9 +123,12 @@ class Policy:
   param_shardings: Any
 
 
-def build_policy(model: ModelConfig, mesh: jax.sharding.Mesh) -> Policy:
+def build_policy(
+  model: ModelConfig, mesh: jax.sharding.Mesh, lora: LoraConfig | None = None
+) -> Policy:
   """The policy on `mesh`: `hf_path`'s weights (`load_hf`, which reads the
-  config `transformer_config` reads), or a random init from `init_seed`."""
+  config `transformer_config` reads), or a random init from `init_seed`;
+  with LoRA adapters (`apply_lora`) when `lora.rank > 0`."""
   if model.hf_path:
     module = load_hf(model.hf_path, mesh=mesh, **_hf_options(model))
     cfg = module.config
@@ -132,6 +136,13 @@ def build_policy(model: ModelConfig, mesh: jax.sharding.Mesh) -> Policy:
     cfg, seed = transformer_config(model), model.init_seed
     module = sharding.init_sharded(
       lambda: Transformer(cfg, rngs=nnx.Rngs(seed)), mesh
+    )
+  if lora is not None and lora.enabled:
+    apply_lora(module, lora)
+    # The adapters were made on the default device: place them too.
+    params = nnx.state(module)
+    nnx.update(
+      module, jax.device_put(params, sharding.param_shardings(params, mesh))
     )
   graphdef, params = nnx.split(module)
   return Policy(module, cfg, graphdef, sharding.param_shardings(params, mesh))

@@ -186,10 +186,10 @@ class RLStep:
         fill = packing.packed_tokens(packed) / packed.tokens.size
         packed = packed_forward.to_device(self.mesh, packed)
       kl_ctrl, train_batch, prep = self.steps.prepare(
-        state.params,
+        state.policy_params(),
         state.critic_params,
         state.kl_ctrl,
-        ref_params,
+        state.policy_params(ref_params) if ref_params is not None else None,
         batch_lib.to_device(self.mesh, batch),
         packed,
         light=light,

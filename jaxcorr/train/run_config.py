@@ -40,6 +40,7 @@ from jaxcorr.losses import kl as kl_lib
 from jaxcorr.losses.advantages import AdvantageConfig
 from jaxcorr.losses.objective_config import LossConfigs
 from jaxcorr.losses.rewards import KLControlConfig
+from jaxcorr.model.lora import LoraConfig
 from jaxcorr.rewards import RewardConfig
 from jaxcorr.sharding import MeshConfig
 from jaxcorr.train.critic import CriticConfig
@@ -174,6 +175,7 @@ class RunConfig:
   mesh: MeshConfig
   eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
   agent: AgentConfig = dataclasses.field(default_factory=AgentConfig)
+  lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
 
   @property
   def needs_ref(self) -> bool:

@@ -22,6 +22,7 @@ from flax import nnx
 from jaxcorr import sampling
 from jaxcorr.model import logprobs_from_hidden, token_logprobs
 from jaxcorr.model.layers import matmul_precision
+from jaxcorr.model.lora import enable_dropout
 from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.run_config import RunConfig
 
@@ -61,10 +62,14 @@ def response_logp(
   batch: TrainBatch,
   *,
   entropy: bool = False,
+  dropout_key: jax.Array | None = None,
 ) -> Any:
   """log π(response token t) `[B, T]` (and the entropy `[B, T]`) under
-  `rollout.logprob_mode`."""
+  `rollout.logprob_mode`; `dropout_key` switches LoRA dropout on (the
+  update's forward only)."""
   model = nnx.merge(graphdef, params)
+  if dropout_key is not None:
+    enable_dropout(model, dropout_key)
   if run.rollout.logprob_mode == 'truncated':
     return _truncated_logp(model, batch, entropy)
   if run.rollout.logprob_mode == 'replay':

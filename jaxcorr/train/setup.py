@@ -21,6 +21,7 @@ from jaxcorr.data import prompt_check
 from jaxcorr.data import prompts as data
 from jaxcorr.data.tasks import Example
 from jaxcorr.losses import rewards
+from jaxcorr.model.lora import split_adapter
 from jaxcorr.train import run_config as run_lib
 from jaxcorr.train.critic import ValueModel
 from jaxcorr.train.policy import Policy
@@ -102,7 +103,9 @@ def build_learner(
   t = run.train
   updates = t.num_steps * t.ppo_epochs * t.mini_batches
   tx, schedule = make_optimizer(run.optim, run.optim.learning_rate, updates)
-  params = nnx.state(policy.module)
+  params, frozen = nnx.state(policy.module), None
+  if run.lora.enabled:  # train (and optimise) the adapters only
+    params, frozen = split_adapter(params)
   critic_params = critic_opt = critic_tx = critic_graphdef = None
   if run.critic.enabled:
     cfg, seed = policy.config, run.model.init_seed + 1
@@ -130,6 +133,7 @@ def build_learner(
     updates=jax.device_put(jnp.zeros((), jnp.int32), rep),
     critic_params=critic_params,
     critic_opt_state=critic_opt,
+    frozen=frozen,
   )
   steps = Steps(
     run,

@@ -14,6 +14,7 @@ from typing import Any
 import flax.struct
 import jax
 import optax
+from flax import nnx
 
 from jaxcorr.config.fields import integer, number, one_of, setting, validate
 from jaxcorr.losses import rewards
@@ -67,7 +68,11 @@ class TrainState:
   """Everything the device side carries from step to step (checkpointed).
 
   `params` and `critic_params` are `nnx.State`s; `rng` is a raw uint32[2]
-  key; `updates` counts optimizer updates (the schedule's clock).
+  key; `updates` counts optimizer updates (the schedule's clock). With
+  LoRA (`config.lora.rank > 0`) `params` holds only the adapters (what is
+  trained, optimised and checkpointed) and `frozen` the base weights,
+  passed through every update untouched (donated, never copied);
+  `policy_params` joins them into the policy's whole state.
   """
 
   params: Any
@@ -77,6 +82,15 @@ class TrainState:
   updates: jax.Array
   critic_params: Any = None
   critic_opt_state: Any = None
+  frozen: Any = None
+
+  def policy_params(self, params: Any = None) -> Any:
+    """The policy's whole state: `params` (default: the trained ones;
+    e.g. the reference's adapters) joined with the frozen base, if any."""
+    params = self.params if params is None else params
+    if self.frozen is None or params is None:
+      return params
+    return nnx.merge_state(self.frozen, params)
 
 
 def make_optimizer(

@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective, objective_config, value
@@ -104,13 +105,17 @@ class Steps:
     )
     # The updated state keeps the input's shardings, so the next step's
     # call hits the same compiled executable.
-    out = None if state_shardings is None else (state_shardings, None)
+    out = None
+    if state_shardings is not None:
+      out = (state_shardings.replace(frozen=None), None)
     self.update = jax.jit(
       self._update,
       donate_argnums=(0,),
       static_argnames='light',
       out_shardings=out,
     )
+    if state_shardings is not None and state_shardings.frozen is not None:
+      self.update = _frozen_apart(self._update, out)
 
   def _prepare(
     self,
@@ -138,11 +143,21 @@ class Steps:
 
   # ------------------------------------------------------------- update
 
-  def _actor_loss(self, params, mic: TrainBatch, counts, key, micro=None):
+  def _actor_loss(
+    self, params, mic: TrainBatch, counts, key, micro=None, frozen=None
+  ):
     run = self.run
     corr = run.losses.correction
+    if frozen is not None:  # LoRA: differentiate the adapters only
+      params = nnx.merge_state(frozen, params)
     logp, ent = packed_forward.policy_logp(
-      run, self.graphdef, params, mic, micro, entropy=True
+      run,
+      self.graphdef,
+      params,
+      mic,
+      micro,
+      entropy=True,
+      dropout_key=jax.random.fold_in(key, 7) if run.lora.dropout else None,
     )
     correction, gap, gap_weights = None, {}, {}
     if run.decoupled and corr is not None:
@@ -198,7 +213,12 @@ class Steps:
       micro, mic = mic, packed_forward.micro_view(mb, mic.member)
     actor_grad = jax.value_and_grad(self._actor_loss, has_aux=True)
     (loss, (met, gap_weights)), g = actor_grad(
-      state.params, mic, counts, jax.random.fold_in(key, i), micro
+      state.params,
+      mic,
+      counts,
+      jax.random.fold_in(key, i),
+      micro,
+      state.frozen,
     )
     met = dict(met, **{'actor/loss': loss})
     g_acc = jax.tree.map(jnp.add, g_acc, g)
@@ -253,10 +273,12 @@ class Steps:
             metrics[k] = metrics[k] / denom
     return grads, cgrads, metrics
 
-  def _one_update(self, batch: TrainBatch, key, packed, state, xs):
+  def _one_update(self, batch: TrainBatch, key, packed, frozen, state, xs):
     """One optimizer update on the mini-batch of rows `idx` (with packing:
-    on mini-batch number `idx`)."""
+    on mini-batch number `idx`; `frozen`: the LoRA base, read here but kept
+    out of the scan's carry)."""
     idx, i = xs
+    state = state.replace(frozen=frozen)
     shard = self.state_shardings
     sub, micros = packed_forward.minibatch(batch, packed, idx)
     grads, cgrads, metrics = self._minibatch_grads(
@@ -284,7 +306,7 @@ class Steps:
         None if shard is None else shard.critic_params,
       )
       state = state.replace(critic_params=cparams, critic_opt_state=copt)
-    return state, metrics
+    return state.replace(frozen=None), metrics
 
   def _update(
     self,
@@ -297,13 +319,16 @@ class Steps:
     rng, key = jax.random.split(state.rng)
     order = update_order(self.run.train, batch.rows, key, packed is not None)
     steps = jnp.arange(order.shape[0])
-    body = functools.partial(self._one_update, batch, key, packed)
-    state, metrics = jax.lax.scan(body, state, (order, steps))
+    frozen = state.frozen  # read by every update, not carried by the loop
+    body = functools.partial(self._one_update, batch, key, packed, frozen)
+    state, metrics = jax.lax.scan(
+      body, state.replace(frozen=None), (order, steps)
+    )
     metrics = jax.tree.map(jnp.mean, metrics)
     metrics['actor/updates'] = jnp.asarray(order.shape[0], jnp.float32)
-    return state.replace(rng=rng), diagnostics.light(
-      metrics
-    ) if light else metrics
+    if light:
+      metrics = diagnostics.light(metrics)
+    return state.replace(rng=rng, frozen=frozen), metrics
 
 
 def update_order(t: Any, rows: int, key: jax.Array, packed: bool):
@@ -322,3 +347,29 @@ def update_order(t: Any, rows: int, key: jax.Array, packed: bool):
     order.append(perm.reshape(t.mini_batches, mb))
   order = jnp.concatenate(order, 0)
   return order[:, 0] if packed else order
+
+
+def _frozen_apart(update, out_shardings):
+  """A LoRA run's `Steps.update`: the frozen base is an argument of the
+  compiled step that is neither donated nor returned (nor carried by its
+  loop, `Steps._update`), so no step ever copies it."""
+
+  def inner(state, frozen, batch, packed=None, light=False):
+    state, metrics = update(state.replace(frozen=frozen), batch, packed, light)
+    return state.replace(frozen=None), metrics
+
+  jitted = jax.jit(
+    inner,
+    donate_argnums=(0,),
+    static_argnames='light',
+    out_shardings=out_shardings,
+  )
+
+  def call(state: TrainState, batch: TrainBatch, packed=None, light=False):
+    new, metrics = jitted(
+      state.replace(frozen=None), state.frozen, batch, packed, light=light
+    )
+    return new.replace(frozen=state.frozen), metrics
+
+  call._cache_size = jitted._cache_size  # what tests read of a jit
+  return call

@@ -15,6 +15,11 @@ second store, `<workdir>/lagged_weights/`, written before the main one:
 the main tree keeps one layout for every mode, so a run resumed in
 another mode or lag (`--allow_config_change`) still restores it.
 
+LoRA runs (`config.lora.rank > 0`) save the adapters, not the frozen base
+(`TrainState.frozen` is left out of the tree), and record the base's
+fingerprint in meta 'base_fingerprint'; a restore onto another base raises
+`BaseMismatchError` (jaxcorr/train/checkpoints/base_fingerprint.py).
+
 A resumed run is bit-identical to an uninterrupted one in sync and
 fixed-lag async mode: every random choice derives from (train.seed, step)
 or from this state, and the lagged weights sample the batches in the
@@ -40,11 +45,19 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from absl import logging
 
 from jaxcorr import console
+from jaxcorr.model.lora import PROBE_LENGTH
+from jaxcorr.rollout.adapter_weights import AdapterUpdate
 from jaxcorr.train.checkpoints import checkpointer as checkpoint
 from jaxcorr.train.checkpoints import workdir as workdir_lib
+from jaxcorr.train.checkpoints.base_fingerprint import (
+  BaseMismatchError,
+  check_base,
+  fingerprint,
+)
 from jaxcorr.train.checkpoints.disk_full import (
   NO_SPACE,
   DiskFull,
@@ -69,6 +82,19 @@ class Progress:
   # Fixed-lag async: {version: engine weights} older than `step` that the
   # next batches are sampled by (module doc).
   lagged: dict[int, Any] = dataclasses.field(default_factory=dict)
+
+
+def _engine_copy(run: RunConfig, state: TrainState) -> Any:
+  """What the producer holds per lagged version: `engine_params`, or for
+  LoRA an `AdapterUpdate` (adapters + the probe's log-probs)."""
+  if state.frozen is None:
+    return engine_params(run, state.params)
+  leaf = jax.tree.leaves(state.params)[0]
+  rep = jax.sharding.NamedSharding(
+    leaf.sharding.mesh, jax.sharding.PartitionSpec()
+  )
+  probe = jax.ShapeDtypeStruct((PROBE_LENGTH - 1,), jnp.float32, sharding=rep)
+  return AdapterUpdate(state.params, probe)
 
 
 class RunCheckpoints:
@@ -106,6 +132,7 @@ class RunCheckpoints:
       every=t.checkpoint_every,
       keep=t.keep_checkpoints,
     )
+    self._base_fingerprint = None  # LoRA (module doc)
     self.lagged_store = None  # module doc
     if run.rollout.mode == 'async' and run.rollout.max_staleness:
       self.lagged_store = checkpoint.Checkpointer(
@@ -131,6 +158,9 @@ class RunCheckpoints:
       'run_config': self.config,
       'lagged': sorted(progress.lagged),
     }
+    if state.frozen is not None:  # LoRA: adapters only, base fingerprinted
+      meta['base_fingerprint'] = self._fingerprint(state.frozen)
+      state = state.replace(frozen=None)
     tree = {'state': state, 'ref': ref_params}
     due = force or self.checkpointer.should_save(progress.step)
     try:
@@ -158,9 +188,20 @@ class RunCheckpoints:
     if self.checkpointer.latest_step() is None:
       return None
     ref_like = state.params if self.run.needs_ref else None
-    tree = {'state': state, 'ref': ref_like}
+    frozen = state.frozen
+    tree = {'state': state.replace(frozen=None), 'ref': ref_like}
     abstract = abstract_like(tree)
     tree, meta = self.checkpointer.restore(abstract, step=step)
+    if frozen is not None:
+      saved_base = meta.get('base_fingerprint')
+      source = f'checkpoint step {meta["step"]} of {self.workdir}'
+      if saved_base is None:
+        raise BaseMismatchError(
+          f'{source} is not a LoRA checkpoint (it holds every weight); '
+          'resume it with config.lora.rank=0'
+        )
+      check_base(saved_base, self._fingerprint(frozen), source)
+      tree['state'] = tree['state'].replace(frozen=frozen)
     saved = meta.get('run_config')
     if saved is not None and self.config is not None:
       workdir_lib.check_config(
@@ -192,7 +233,7 @@ class RunCheckpoints:
     want = list(range(max(step - lag, 0), step))
     if versions and versions == want[-len(versions) :]:
       # Shapes, dtypes and shardings of the engine's copies (weights.py).
-      like = abstract_like(engine_params(self.run, state.params))
+      like = abstract_like(_engine_copy(self.run, state))
       target = {f'v{v}': like for v in versions}
       try:
         values, _ = self.lagged_store.restore(target, step=step)
@@ -210,6 +251,13 @@ class RunCheckpoints:
         step + lag - 1,
       )
     return {}
+
+  def _fingerprint(self, frozen: Any) -> dict:
+    """The base's fingerprint, computed once per base (it never changes)."""
+    held = self._base_fingerprint
+    if held is None or held[0] is not frozen:
+      self._base_fingerprint = held = (frozen, fingerprint(frozen))
+    return held[1]
 
   def close(self) -> None:
     """Wait for pending saves and release the stores (idempotent)."""

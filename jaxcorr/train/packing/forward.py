@@ -23,6 +23,7 @@ from flax import nnx
 from jaxcorr import sharding
 from jaxcorr.model import logprobs_from_hidden
 from jaxcorr.model.layers import matmul_precision
+from jaxcorr.model.lora import enable_dropout
 from jaxcorr.train import scoring
 from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.packing.layout import PackedRows
@@ -41,11 +42,15 @@ def response_logp(
   micro: PackedRows,
   *,
   entropy: bool = False,
+  dropout_key: jax.Array | None = None,
 ) -> Any:
   """log π(response token t) `[mb, T]` (and the entropy) of one micro-batch
   (`micro`: one mini-batch's, one micro-batch's `PackedRows` fields, no
-  leading axes), `logprob_mode='full'`."""
+  leading axes), `logprob_mode='full'`; `dropout_key` as in
+  `jaxcorr.train.scoring.response_logp`."""
   model = nnx.merge(graphdef, params)
+  if dropout_key is not None:
+    enable_dropout(model, dropout_key)
   tokens = micro.tokens
   hidden, _ = model.hidden_states(
     tokens, positions=micro.positions, segment_ids=micro.segment_ids
@@ -78,13 +83,18 @@ def policy_logp(
   micro: PackedRows | None,
   *,
   entropy: bool = False,
+  dropout_key: jax.Array | None = None,
 ) -> Any:
   """The policy's response log-probs (and entropy) `[rows, T]` of the
   micro-batch `mic`: over its own rows, or with packing (`micro`) over its
-  packed rows."""
+  packed rows; `dropout_key`: LoRA dropout on (the update's forward)."""
   if micro is None:
-    return scoring.response_logp(run, graphdef, params, mic, entropy=entropy)
-  return response_logp(run, graphdef, params, micro, entropy=entropy)
+    return scoring.response_logp(
+      run, graphdef, params, mic, entropy=entropy, dropout_key=dropout_key
+    )
+  return response_logp(
+    run, graphdef, params, micro, entropy=entropy, dropout_key=dropout_key
+  )
 
 
 def micro_view(mb: TrainBatch, member: jax.Array) -> TrainBatch:

@@ -91,6 +91,7 @@ def make_engine(run: RunConfig, policy: Any, mesh: Any) -> PolicyEngine:
       if r.logprob_mode == 'replay'
       else 0
     ),
+    lora=run.lora,
   )
 
 

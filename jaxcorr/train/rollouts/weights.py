@@ -1,14 +1,19 @@
 """Copies of the policy's weights that outlive the update's donation: for
-the rollout engine (cast and int8 fake-quantised as configured), the frozen
-reference policy and the SFT warm-up's starting point."""
+the rollout engine (cast and int8 fake-quantised as configured; with LoRA
+the adapters only, `AdapterPublisher`), the frozen reference policy and
+the SFT warm-up's starting point."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
+from jaxcorr.model.lora import probe_logprobs, probe_tokens
+from jaxcorr.rollout.adapter_weights import AdapterUpdate
 from jaxcorr.train.run_config import RunConfig
 
 
@@ -47,3 +52,38 @@ def engine_params(run: RunConfig, params: Any) -> Any:
 
     params = multihost_utils.process_allgather(params, tiled=True)
   return params
+
+
+class AdapterPublisher:
+  """A LoRA run's weight sync: a copy of the adapters (the only bytes that
+  cross to the engine) and the trainer's log-probs of the probe row under
+  them, which the engine's delivery check compares with its own
+  (jaxcorr/rollout/adapter_weights.py).
+
+  Args:
+    graphdef: the trainer's LoRA policy graph.
+    vocab_size: the model's vocabulary (the probe row's ids).
+  """
+
+  def __init__(self, graphdef: Any, vocab_size: int):
+    tokens = probe_tokens(vocab_size)
+
+    def probe(frozen, adapter):
+      return probe_logprobs(graphdef, nnx.merge_state(frozen, adapter), tokens)
+
+    self._probe = jax.jit(probe)
+
+  def __call__(self, frozen: Any, adapter: Any) -> AdapterUpdate:
+    """The update of version `adapter` (the trainer's current adapters)."""
+    copy = copy_tree(adapter)
+    return AdapterUpdate(copy, self._probe(frozen, copy))
+
+
+def weight_sync(run: RunConfig, policy: Any) -> Callable[[Any], Any]:
+  """`TrainState` -> what a weight sync sends the engine: `engine_params`
+  of its params, or for a LoRA run (`policy`: its
+  `jaxcorr.train.policy.Policy`) an `AdapterPublisher` update."""
+  if not run.lora.enabled:
+    return lambda state: engine_params(run, state.params)
+  publish = AdapterPublisher(policy.graphdef, policy.config.vocab_size)
+  return lambda state: publish(state.frozen, state.params)
