@@ -40,7 +40,8 @@ import jax
 from flax import nnx
 
 from jaxcorr.model import Transformer, TransformerConfig
-from jaxcorr.rollout import decode, layout
+from jaxcorr.model.quantized_weights import QuantSpec
+from jaxcorr.rollout import decode, layout, precision
 from jaxcorr.rollout.batched import BatchedDecoding
 from jaxcorr.rollout.policy_weights import PolicyWeights
 from jaxcorr.rollout.requests import RequestDecoding
@@ -83,6 +84,11 @@ class PolicyEngine(engine_api.Engine):
     kept_set_capacity: C > 0 records, per generated token, the kept set it
       was sampled from (`rollout/kept_set.py`, width C) for
       `logprob_mode='replay'`; 0 (default) records nothing.
+    quantization: a `QuantSpec`: weights stored int8 / fp8 on the
+      engine's devices, re-quantized at every `update_params`
+      (`rollout/precision.py`); None (default) keeps them in `dtype`.
+    kv_cache_dtype: the KV cache's storage ('model' / None: `dtype`;
+      'int8' / 'fp8': narrow with per-token, per-head scales).
   """
 
   def __init__(
@@ -100,6 +106,8 @@ class PolicyEngine(engine_api.Engine):
     decode_chunk: int = 32,
     min_attend_bucket: int = 32,
     kept_set_capacity: int = 0,
+    quantization: QuantSpec | None = None,
+    kv_cache_dtype: str | None = None,
   ):
     cfg = model.config
     if dtype is not None:
@@ -113,12 +121,22 @@ class PolicyEngine(engine_api.Engine):
       min_attend_bucket=min_attend_bucket,
       kept_capacity=kept_set_capacity,
       mesh=mesh,
+      kv_dtype=precision.kv_storage_dtype(kv_cache_dtype),
     )
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, abstract_state = nnx.split(abstract)
     self.programs = decode.jit_programs(graphdef, kept_set_capacity)
+    self.quantizer = (
+      None
+      if quantization is None
+      else precision.EngineQuantizer(graphdef, quantization)
+    )
     self.weights = PolicyWeights(
-      abstract_state, param_dtype=cfg.param_dtype, mesh=mesh, initial=model
+      abstract_state,
+      param_dtype=cfg.param_dtype,
+      mesh=mesh,
+      initial=model,
+      quantize=self.quantizer,
     )
     self.requests = RequestDecoding(
       self.layout,
