@@ -112,9 +112,7 @@ class QuantizedKV:
     n = new.shape[2]
     k4, k3 = keep[:, None, None, None], keep[:, None, None]
     return QuantizedKV(
-      self.values.at[:, :, :n].set(
-        jnp.where(k4, vals, self.values[:, :, :n])
-      ),
+      self.values.at[:, :, :n].set(jnp.where(k4, vals, self.values[:, :, :n])),
       self.scale.at[:, :, :n].set(jnp.where(k3, scale, self.scale[:, :, :n])),
     )
 

@@ -32,7 +32,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcorr.model.config import TransformerConfig
-from jaxcorr.model.quantized_weights import embed_rows, project
 from jaxcorr.model.layers import (
   DecoderLayer,
   RMSNorm,
@@ -41,6 +40,7 @@ from jaxcorr.model.layers import (
   rope_frequencies,
   rope_tables,
 )
+from jaxcorr.model.quantized_weights import embed_rows, project
 from jaxcorr.sharding import constrain
 
 _REMAT_POLICY = {

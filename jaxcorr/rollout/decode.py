@@ -37,8 +37,8 @@ from flax import nnx
 
 from jaxcorr import sampling
 from jaxcorr.model import KVCache
-from jaxcorr.model.quantized_cache import QuantizedKV
 from jaxcorr.model.logprobs import replay_logprobs
+from jaxcorr.model.quantized_cache import QuantizedKV
 from jaxcorr.rollout import kept_set as kept_set_lib
 from jaxcorr.rollout.state import (
   Chunk,

@@ -22,9 +22,6 @@ from flax import nnx
 from jaxcorr.model.quantized_cache import KV_QTYPES
 from jaxcorr.model.quantized_weights import QuantSpec, quantize_state
 
-KV_CACHE_DTYPES = ('model', 'float32', 'bfloat16', 'float16', *KV_QTYPES)
-"""`rollout.kv_cache_dtype` values ('model': the engine dtype)."""
-
 FP8_MATMUL_BACKENDS = ('gpu', 'cuda')
 """Backends whose matmuls take fp8 operands (W8A8 fp8); fp8 weight-only
 storage works everywhere (the weights are converted before the dot)."""

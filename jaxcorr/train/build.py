@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import ml_collections
 
 from jaxcorr import rewards
@@ -37,10 +38,12 @@ from jaxcorr.losses.advantages import AdvantageConfig
 from jaxcorr.losses.correction import CorrectionConfig
 from jaxcorr.losses.objective_config import ActorLossConfig, LossConfigs
 from jaxcorr.losses.rewards import KLControlConfig, check_kl_horizon
+from jaxcorr.rollout import precision
 from jaxcorr.sharding import MeshConfig
 from jaxcorr.train.critic import CriticConfig
 from jaxcorr.train.policy import ModelConfig
 from jaxcorr.train.rollouts.config import RolloutConfig
+from jaxcorr.train.rollouts.weights import quant_spec
 from jaxcorr.train.run_config import AlgorithmConfig, RunConfig, TrainConfig
 from jaxcorr.train.state import OptimConfig
 from jaxcorr.train.tracker import sinks
@@ -201,6 +204,7 @@ def check_combinations(run: RunConfig) -> None:
       '(the policy loss and the entropy/KL terms would need different '
       'global divisors)',
     )
+  check_precision(run)
   span = r.max_prompt_length + r.max_new_tokens
   if not run.model.hf_path and span > run.model.max_position_embeddings:
     fail(
@@ -208,6 +212,24 @@ def check_combinations(run: RunConfig) -> None:
       r.max_new_tokens,
       f'max_prompt_length + max_new_tokens <= model.max_position_embeddings '
       f'({run.model.max_position_embeddings})',
+    )
+
+
+def check_precision(run: RunConfig) -> None:
+  """The engine's quantization against the correction mode and the
+  backend (docs/precision.md)."""
+  r = run.rollout
+  if r.matched_precision and not run.decoupled:
+    fields.fail(
+      'config.rollout.matched_precision',
+      True,
+      'False with correction.mode=bypass (π_old is then μ itself: there '
+      'is no trainer forward to match)',
+    )
+  why = precision.unsupported(quant_spec(r), jax.default_backend())
+  if why:
+    fields.fail(
+      'config.rollout.quantize_activations', r.quantize_activations, why
     )
 
 

@@ -2,7 +2,9 @@
 that is computed once on the global batch, before it is split.
 
     old log-probs   decoupled mode: the trainer's forward pass with the
-                    pre-update params (bypass: π_old is μ, skipped)
+                    pre-update params (bypass: π_old is μ, skipped; with
+                    rollout.matched_precision the engine's quantized
+                    weights, dequantized)
     ref log-probs   when a reference KL is configured
     values          the critic's, when it is enabled
     rewards         the sequence reward on the last response token, minus
@@ -28,6 +30,7 @@ from jaxcorr.losses import masked, rewards
 from jaxcorr.train import scoring
 from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.rollouts import staleness
+from jaxcorr.train.rollouts.weights import matched_params
 from jaxcorr.train.run_config import RunConfig
 
 
@@ -56,8 +59,11 @@ def prepare(
     return scoring.critic_values(critic_graphdef, p, rows)
 
   if run.decoupled:
+    old = params
+    if run.rollout.matched_precision:  # the engine's quantized weights
+      old = matched_params(run, graphdef, params)
     batch = batch.replace(
-      old_logp=sg(scoring.in_chunks(logp, params, batch, chunks))
+      old_logp=sg(scoring.in_chunks(logp, old, batch, chunks))
     )
   if run.needs_ref:
     batch = batch.replace(

@@ -37,9 +37,7 @@ def test_round_trip_error_bounds(scheme, block):
 def _quantized(spec, **cfg):
   model = random_model(tiny_config(**cfg))
   graphdef, state = nnx.split(model)
-  q = jax.jit(lambda s: qw.quantize_state(nnx.merge(graphdef, s), spec))(
-    state
-  )
+  q = jax.jit(lambda s: qw.quantize_state(nnx.merge(graphdef, s), spec))(state)
   return graphdef, state, q
 
 
@@ -57,7 +55,11 @@ def test_quantized_forward_is_the_dequantized_weights_forward(scan):
   assert len(narrow) == 2 + 7 * (1 if scan else 2)
   for p in narrow:
     assert flat[p].get_value().weight.qvalue.dtype == jnp.int8
-  assert all(jnp.issubdtype(v.dtype, jnp.floating) for p, v in flat.items() if p not in narrow)
+  assert all(
+    jnp.issubdtype(v.dtype, jnp.floating)
+    for p, v in flat.items()
+    if p not in narrow
+  )
   # int8 + float32 per-channel scales vs the float32 model.
   assert qw.stored_bytes(q) / qw.stored_bytes(state) < 0.3
   toks = random_tokens(2, 7)

@@ -35,6 +35,7 @@ from jaxcorr.data.tasks import Example
 from jaxcorr.rewards import RewardScorer
 from jaxcorr.rollout import RolloutBatch, driver
 from jaxcorr.rollout.engine import PolicyEngine
+from jaxcorr.train.rollouts.weights import quant_spec
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.tracker.reduction import Metric, Metrics
 
@@ -83,6 +84,8 @@ def make_engine(run: RunConfig, policy: Any, mesh: Any) -> PolicyEngine:
       if r.logprob_mode == 'replay'
       else 0
     ),
+    quantization=quant_spec(r),
+    kv_cache_dtype=r.kv_cache_dtype,
   )
 
 
