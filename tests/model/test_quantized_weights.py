@@ -75,7 +75,7 @@ def test_quantized_forward_is_the_dequantized_weights_forward(scan):
 
 def test_int8_activations_change_the_forward_a_little():
   spec = qw.QuantSpec('int8', activations=True)
-  graphdef, state, q = _quantized(spec)
+  graphdef, _, q = _quantized(spec)
   toks = random_tokens(2, 7)
   fwd = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t))
   w8a8, w8 = fwd(q, toks), fwd(qw.dequantize_state(q, jnp.float32), toks)
