@@ -35,6 +35,9 @@ setup(
     # chat templates of real models (jaxcorr.rollout.tokenizer).
     'gguf>=0.10',
     'jinja2>=3.1',
+    # The model reads quantized (int8 / fp8) engine weights through qwix's
+    # QArray and quantized einsum (rollout.quantization, docs/precision.md).
+    'qwix>=0.1.8',
   ],
   extras_require={
     'test': [

@@ -84,11 +84,8 @@ class PolicyEngine(engine_api.Engine):
     kept_set_capacity: C > 0 records, per generated token, the kept set it
       was sampled from (`rollout/kept_set.py`, width C) for
       `logprob_mode='replay'`; 0 (default) records nothing.
-    quantization: a `QuantSpec`: weights stored int8 / fp8 on the
-      engine's devices, re-quantized at every `update_params`
-      (`rollout/precision.py`); None (default) keeps them in `dtype`.
-    kv_cache_dtype: the KV cache's storage ('model' / None: `dtype`;
-      'int8' / 'fp8': narrow with per-token, per-head scales).
+    quantization, kv_cache_dtype: narrow weights (a `QuantSpec`) and KV
+      cache ('int8', 'fp8'); None: `dtype` (`rollout/precision.py`).
   """
 
   def __init__(
@@ -126,18 +123,9 @@ class PolicyEngine(engine_api.Engine):
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, abstract_state = nnx.split(abstract)
     self.programs = decode.jit_programs(graphdef, kept_set_capacity)
-    self.quantizer = (
-      None
-      if quantization is None
-      else precision.EngineQuantizer(graphdef, quantization)
-    )
-    self.weights = PolicyWeights(
-      abstract_state,
-      param_dtype=cfg.param_dtype,
-      mesh=mesh,
-      initial=model,
-      quantize=self.quantizer,
-    )
+    quantize = precision.quantizer(graphdef, quantization)
+    placement = dict(param_dtype=cfg.param_dtype, mesh=mesh, quantize=quantize)
+    self.weights = PolicyWeights(abstract_state, initial=model, **placement)
     self.requests = RequestDecoding(
       self.layout,
       self.programs,

@@ -67,3 +67,10 @@ class EngineQuantizer:
     out = jax.block_until_ready(self._fn(state))
     self.last_seconds = time.perf_counter() - start
     return out
+
+
+def quantizer(
+  graphdef: nnx.GraphDef, spec: QuantSpec | None
+) -> EngineQuantizer | None:
+  """The engine's `EngineQuantizer` for `spec` (None: not quantized)."""
+  return None if spec is None else EngineQuantizer(graphdef, spec)

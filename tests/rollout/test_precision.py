@@ -81,7 +81,9 @@ def test_mu_is_the_dequantized_models_logprob_per_version(run):
   model, engine, states, done, _ = run
   graphdef = nnx.graphdef(model)
   refs = [
-    nnx.merge(graphdef, qw.dequantize_state(engine.quantizer(s), jnp.float32))
+    nnx.merge(
+      graphdef, qw.dequantize_state(engine.weights.quantize(s), jnp.float32)
+    )
     for s in states
   ]
   seen = set()
@@ -107,12 +109,12 @@ def test_swaps_requantize_without_recompiling(run):
   # Version 2 holds version 0's weights again: scales recomputed from
   # the published weights at each swap (version 1's differ).
   states = run[2]
-  v0 = _kernel(engine.quantizer(states[0]))
-  v1 = _kernel(engine.quantizer(states[1]))
+  v0 = _kernel(engine.weights.quantize(states[0]))
+  v1 = _kernel(engine.weights.quantize(states[1]))
   np.testing.assert_array_equal(_kernel(engine.params).scale, v0.scale)
   np.testing.assert_array_equal(_kernel(engine.params).qvalue, v0.qvalue)
   assert not np.array_equal(v0.scale, v1.scale)
-  assert engine.quantizer.last_seconds > 0
+  assert engine.weights.quantize.last_seconds > 0
 
 
 def _kernel(state):
