@@ -37,7 +37,7 @@ def test_per_row_write_and_attention_reads_the_narrow_values():
 
   @jax.jit
   def fill(x, i):
-    return qc.QuantizedKV.zeros(x.shape, jnp.int8).write(x, i)
+    return qc.QuantizedKV.zeros((B, K, T, DH), jnp.int8).write(x, i)
 
   full = np.asarray(fill(k[:, :, :3], index).dequantize(jnp.float32))
   for r, i in enumerate([2, 5, 0]):
