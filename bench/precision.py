@@ -110,7 +110,9 @@ def bytes_table(budget: float) -> None:
   for label, shapes in (('bench 5M', BENCH), ('SmolLM2-135M', SMOLLM2)):
     base = weight_bytes(shapes, 'bf16')
     kv0 = kv_bytes_per_token(shapes, 'bf16')
-    print(f'-- {label}: bf16 weights {base / 2**20:.2f} MiB, KV {kv0:.0f} B/token')
+    print(
+      f'-- {label}: bf16 weights {base / 2**20:.2f} MiB, KV {kv0:.0f} B/token'
+    )
     for name in PRECISIONS:
       w, kv = weight_bytes(shapes, name), kv_bytes_per_token(shapes, name)
       print(
@@ -170,7 +172,7 @@ def timings(reps: int) -> None:
   rng = np.random.default_rng(0)
   prompts = rng.integers(3, cfg.vocab_size, (PROMPTS, PROMPT_LEN)).tolist()
   engines = {name: _engine(model, name) for name in TIMED}
-  for name, eng in engines.items():  # compile every shape once
+  for eng in engines.values():  # compile every shape once
     _generate(eng, prompts, 100)
     _sync_seconds(eng, state)
   tps = {name: [] for name in TIMED}
