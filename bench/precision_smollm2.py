@@ -2,7 +2,8 @@
 without training (docs/precision.md).
 
 For each engine (bf16, int8 weights, fp8 weights, int8 weights + int8 KV
-cache; all bf16 compute) the same 16 arithmetic chat prompts x 2 samples
+cache, fp8 weights with a scale per block of 64 inputs; all bf16
+compute) the same 16 arithmetic chat prompts x 2 samples
 (the task of configs/smollm2_arith.py, temperature 0.7, up to 16 new
 tokens) are sampled, and the fp32 trainer scores them: `rollout_corr/kl`
 = mean over response tokens of (μ − π_old) and `k3` = mean(exp(r) − r − 1)
@@ -11,6 +12,7 @@ definitions). For int8 also with matched precision (π_old from the
 engine's int8 weights, dequantized: `rollout.matched_precision`).
 
 Usage: python bench/precision_smollm2.py --model_dir=DIR [--batches 2]
+       [--engines bf16,int8,fp8,int8+kv8,fp8-b64]
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ ENGINES = {
   'int8': (QuantSpec('int8'), None),
   'fp8': (QuantSpec('fp8'), None),
   'int8+kv8': (QuantSpec('int8'), 'int8'),
+  'fp8-b64': (QuantSpec('fp8', block=64), None),
 }
 
 
@@ -75,6 +78,7 @@ def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument('--model_dir', required=True)
   parser.add_argument('--batches', type=int, default=2)
+  parser.add_argument('--engines', default=','.join(ENGINES))
   args = parser.parse_args()
   model = load_hf(args.model_dir)
   tok = load_tokenizer(args.model_dir)
@@ -90,7 +94,8 @@ def main() -> None:
     )
   )(state)
   print(f'device: {jax.devices()[0]}')
-  for name, (spec, kv) in ENGINES.items():
+  for name in args.engines.split(','):
+    spec, kv = ENGINES[name]
     start = time.perf_counter()
     engine = PolicyEngine(
       model,
