@@ -37,6 +37,9 @@ setup(
     'jinja2>=3.1',
     # jaxcorr.agents.tools: tool arguments checked against their JSON schema.
     'jsonschema>=4.0',
+    # The model reads quantized (int8 / fp8) engine weights through qwix's
+    # QArray and quantized einsum (rollout.quantization, docs/precision.md).
+    'qwix>=0.1.8',
   ],
   extras_require={
     'test': [

@@ -22,7 +22,10 @@ The config string is `[pulse+]<preset>`: `pulse` shrinks the run to a few
 small steps (the slow test and smoke runs); the rest is any correction
 preset of `configs/presets.py`. The rollout engine runs in bfloat16 and the
 trainer in float32, so the correction presets have a real mismatch to
-correct.
+correct. Quantized rollouts (docs/precision.md) are a flag away:
+`--config.rollout.quantization=int8` (or `fp8`), optionally
+`--config.rollout.kv_cache_dtype=int8` and
+`--config.rollout.matched_precision=True`.
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ Mismatches (`MISMATCHES`, combinable with `+`, e.g. `bf16+stale4`):
 * `inflight<k>`: streaming rollouts, weights swapped into the engine
   between decode chunks while rows are in flight (one response can mix
   versions), no token older than k versions;
+* `w_int8`, `w_fp8`, `kv_int8`: a bf16 engine with int8 / fp8 weights
+  stored narrow, or an int8 KV cache (`rollout.quantization`,
+  `rollout.kv_cache_dtype`: docs/precision.md); `w_int8_matched`: int8
+  weights with π_old from the same quantized weights;
 * `severe`: all three at once with k = 8.
 
 Presets are the names of `configs/presets.py` plus `off`

@@ -33,6 +33,22 @@ MISMATCHES: dict[str, dict[str, Any]] = {
     'rollout.mode': 'async',
     'rollout.max_staleness': DEFAULT_STALENESS,
   },
+  # The precision axis (docs/precision.md): narrow engine weights / KV
+  # cache on a bf16 engine, and int8 with π_old from the same weights.
+  'w_int8': {
+    'rollout.engine_dtype': 'bfloat16',
+    'rollout.quantization': 'int8',
+  },
+  'w_fp8': {'rollout.engine_dtype': 'bfloat16', 'rollout.quantization': 'fp8'},
+  'kv_int8': {
+    'rollout.engine_dtype': 'bfloat16',
+    'rollout.kv_cache_dtype': 'int8',
+  },
+  'w_int8_matched': {
+    'rollout.engine_dtype': 'bfloat16',
+    'rollout.quantization': 'int8',
+    'rollout.matched_precision': True,
+  },
   'severe': {
     'rollout.engine_dtype': 'bfloat16',
     'rollout.engine_quant': 'int8',

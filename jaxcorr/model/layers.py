@@ -27,6 +27,8 @@ import numpy as np
 from flax import nnx
 
 from jaxcorr.model.config import RopeScaling, TransformerConfig
+from jaxcorr.model.quantized_cache import QuantizedKV, attend_quantized
+from jaxcorr.model.quantized_weights import project
 from jaxcorr.sharding import constrain
 
 LayerCache = tuple[jax.Array, jax.Array]
@@ -106,10 +108,12 @@ class Linear(nnx.Module):
     self.bias = bias
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    y = jnp.einsum(
+    # The kernel may be a narrow `QuantizedWeight` (the rollout engine's).
+    y = project(
       self.equation,
-      x.astype(self.dtype),
-      self.kernel[...].astype(self.dtype),
+      x,
+      self.kernel.get_value(),
+      self.dtype,
       precision=self.precision,
     )
     if self.bias is not None:
@@ -297,8 +301,11 @@ class Attention(nnx.Module):
         write_cache(c, jnp.swapaxes(new, 1, 2), cache_index)
         for c, new in zip(cache, (k, v))
       )
-      k, v = (c[:, :, :attend_len].astype(q.dtype) for c in cache)
-      out = attend(q, k, v, mask, self.precision, heads_first=True)
+      if isinstance(cache[0], QuantizedKV):  # a narrow cache: read as is
+        out = attend_quantized(q, *cache, mask, attend_len, self.precision)
+      else:
+        k, v = (c[:, :, :attend_len].astype(q.dtype) for c in cache)
+        out = attend(q, k, v, mask, self.precision, heads_first=True)
     return self.o_proj(out), cache
 
 
@@ -307,7 +314,10 @@ def write_cache(cache: jax.Array, new: jax.Array, index: jax.Array):
   index + S): one dynamic-update-slice for a scalar index, a per-row
   scatter for index [B]. Both update the buffer in place when it is
   donated or carried by a loop (tests/rollout/test_cache.py checks the
-  compiled decode loop for cache copies)."""
+  compiled decode loop for cache copies). A `QuantizedKV` cache quantizes
+  `new` per token as it writes."""
+  if isinstance(cache, QuantizedKV):
+    return cache.write(new, index)
   new = new.astype(cache.dtype)
   if jnp.ndim(index) == 0:
     return jax.lax.dynamic_update_slice(cache, new, (0, 0, index, 0))

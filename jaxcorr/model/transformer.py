@@ -40,6 +40,7 @@ from jaxcorr.model.layers import (
   rope_frequencies,
   rope_tables,
 )
+from jaxcorr.model.quantized_weights import embed_rows, project
 from jaxcorr.sharding import constrain
 
 _REMAT_POLICY = {
@@ -177,7 +178,7 @@ class Transformer(nnx.Module):
         cache, b, s, positions, segment_ids, attend_len
       )
 
-    x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.dtype)
+    x = embed_rows(self.embed.get_value(), tokens, cfg.dtype)
     x = constrain(x, ('batch', 'seq', 'act_embed'))
     rope = rope_tables(
       positions,
@@ -196,10 +197,12 @@ class Transformer(nnx.Module):
     Columns past `config.real_vocab_size` (embedding padding) are -inf.
     """
     cfg = self.config
-    out = jnp.einsum(
+    head = self.embed if self.lm_head is None else self.lm_head
+    out = project(
       'bsd,vd->bsv',
-      hidden.astype(cfg.dtype),
-      self.head_weight().astype(cfg.dtype),
+      hidden,
+      head.get_value(),  # a `QuantizedWeight` in a quantized engine
+      cfg.dtype,
       precision=matmul_precision(cfg),
       preferred_element_type=jnp.float32,
     )

@@ -38,6 +38,7 @@ from flax import nnx
 from jaxcorr import sampling
 from jaxcorr.model import KVCache
 from jaxcorr.model.logprobs import replay_logprobs
+from jaxcorr.model.quantized_cache import QuantizedKV
 from jaxcorr.rollout import kept_set as kept_set_lib
 from jaxcorr.rollout.state import (
   Chunk,
@@ -75,12 +76,20 @@ def sample_rows(keys, logits, sp, kept_capacity: int = 0):
   return tok, lp, lpt, kept
 
 
-def init_state(cfg, n: int, t: int, sp_row: jax.Array) -> DecodeState:
-  """N empty slots with caches of T tokens each."""
+def init_state(
+  cfg, n: int, t: int, sp_row: jax.Array, kv_dtype: Any = None
+) -> DecodeState:
+  """N empty slots with caches of T tokens each, in `kv_dtype` (None: the
+  model's; int8 / fp8: a `QuantizedKV` per layer)."""
   shape = (n, cfg.num_kv_heads, t, cfg.head_dim)
+  kv_dtype = jnp.dtype(kv_dtype or cfg.dtype)
 
   def zeros():
-    return tuple(jnp.zeros(shape, cfg.dtype) for _ in range(cfg.num_layers))
+    if not jnp.issubdtype(kv_dtype, jnp.floating) or kv_dtype.itemsize == 1:
+      return tuple(
+        QuantizedKV.zeros(shape, kv_dtype) for _ in range(cfg.num_layers)
+      )
+    return tuple(jnp.zeros(shape, kv_dtype) for _ in range(cfg.num_layers))
 
   cache = KVCache(
     k=zeros(), v=zeros(), segment_ids=None, index=jnp.zeros((n,), jnp.int32)
@@ -125,6 +134,8 @@ def insert(prefix, state, slots, limit, stop_ids) -> DecodeState:
   pb = prefix.cache.k[0].shape[2]
 
   def put_rows(dst, rows):
+    if isinstance(dst, QuantizedKV):
+      return dst.put_rows(rows[src], slots)
     rows = rows[src].astype(dst.dtype)
     return dst.at[slots, :, :pb].set(rows, mode='drop')
 
@@ -165,6 +176,8 @@ def refill(graphdef, params, state, context, live) -> DecodeState:
   keep = live[:, None, None, None]
 
   def put(dst, new):
+    if isinstance(dst, QuantizedKV):
+      return dst.blend_prefix(new, live)
     old = dst[:, :, :length]
     return dst.at[:, :, :length].set(
       jnp.where(keep, new.astype(dst.dtype), old)

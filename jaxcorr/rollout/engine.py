@@ -41,7 +41,8 @@ from flax import nnx
 
 from jaxcorr.model import Transformer, TransformerConfig
 from jaxcorr.model.lora import LoraConfig, lora_model
-from jaxcorr.rollout import decode, layout
+from jaxcorr.model.quantized_weights import QuantSpec
+from jaxcorr.rollout import decode, layout, precision
 from jaxcorr.rollout.adapter_weights import AdapterWeights
 from jaxcorr.rollout.batched import BatchedDecoding
 from jaxcorr.rollout.policy_weights import PolicyWeights
@@ -87,6 +88,8 @@ class PolicyEngine(engine_api.Engine):
       `logprob_mode='replay'`; 0 (default) records nothing.
     lora: a LoRA policy's adapter config: weights then swap by adapter
       (`rollout/adapter_weights.py`, merged or not as it says).
+    quantization, kv_cache_dtype: narrow weights (a `QuantSpec`) and KV
+      cache ('int8', 'fp8'); None: `dtype` (`rollout/precision.py`).
   """
 
   def __init__(
@@ -105,6 +108,8 @@ class PolicyEngine(engine_api.Engine):
     min_attend_bucket: int = 32,
     kept_set_capacity: int = 0,
     lora: LoraConfig | None = None,
+    quantization: QuantSpec | None = None,
+    kv_cache_dtype: str | None = None,
   ):
     cfg = model.config
     if dtype is not None:
@@ -118,8 +123,9 @@ class PolicyEngine(engine_api.Engine):
       min_attend_bucket=min_attend_bucket,
       kept_capacity=kept_set_capacity,
       mesh=mesh,
+      kv_dtype=precision.kv_storage_dtype(kv_cache_dtype),
     )
-    graphdef, self.weights = _weights(cfg, model, mesh, lora)
+    graphdef, self.weights = _weights(cfg, model, mesh, lora, quantization)
     self.programs = decode.jit_programs(graphdef, kept_set_capacity)
     self.requests = RequestDecoding(
       self.layout,
@@ -308,10 +314,11 @@ class PolicyEngine(engine_api.Engine):
     return self.batched.refresh_cache(decode_state, contexts)
 
 
-def _weights(cfg, model, mesh, lora) -> tuple[Any, Any]:
+def _weights(cfg, model, mesh, lora, quantization) -> tuple[Any, Any]:
   """(the engine model's graph, its weights): `PolicyWeights` of a plain
-  `Transformer`, or for a LoRA policy `AdapterWeights` over the plain
-  graph (merged) or the LoRA graph (unmerged)."""
+  `Transformer` (narrow when `quantization` says so), or for a LoRA policy
+  `AdapterWeights` over the plain graph (merged) or the LoRA graph
+  (unmerged)."""
   lora = lora if lora is not None and lora.enabled else None
   if lora is not None and not lora.engine_merged:
     abstract = nnx.eval_shape(lambda: lora_model(cfg, lora))
@@ -320,9 +327,18 @@ def _weights(cfg, model, mesh, lora) -> tuple[Any, Any]:
   graphdef, abstract_state = nnx.split(abstract)
   if lora is None:
     weights = PolicyWeights(
-      abstract_state, param_dtype=cfg.param_dtype, mesh=mesh, initial=model
+      abstract_state,
+      param_dtype=cfg.param_dtype,
+      mesh=mesh,
+      initial=model,
+      quantize=precision.quantizer(graphdef, quantization),
     )
   else:
+    if quantization is not None:
+      raise ValueError(
+        'a LoRA engine with quantized weights is not supported: '
+        "config.rollout.quantization must be 'none' with config.lora.rank > 0"
+      )
     weights = AdapterWeights(
       graphdef,
       abstract_state,

@@ -67,8 +67,19 @@ class Layout:
   min_attend_bucket: int
   kept_capacity: int
   mesh: jax.sharding.Mesh | None
+  # The KV cache's storage dtype (None: the model's; int8 / fp8: narrow
+  # values with per-token scales, jaxcorr/model/quantized_cache.py).
+  kv_dtype: Any = None
 
   def __post_init__(self):
+    if self.kv_dtype is not None:
+      kv, model = jnp.dtype(self.kv_dtype), jnp.dtype(self.config.dtype)
+      if kv.itemsize > model.itemsize:
+        raise ValueError(
+          f'kv_cache_dtype={kv.name} is wider than the engine dtype '
+          f'{model.name}; allowed: the model dtype or a narrower one '
+          '(int8, fp8)'
+        )
     if self.max_prefill > self.max_target:
       raise ValueError(
         f'max_prefill_length={self.max_prefill} exceeds '
@@ -129,5 +140,6 @@ class Layout:
       self.slots,
       self.max_target,
       pack_sampling(SamplingParams()),
+      self.kv_dtype,
     )
     return self.replicate(state)[0]

@@ -9,6 +9,7 @@ the engine samples records `version` (docs/async.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -27,6 +28,8 @@ class PolicyWeights:
     param_dtype: floating params are cast to it; others stay as they are.
     mesh: the engine mesh (None: the default device, no placement).
     initial: version 0's params.
+    quantize: applied to every placed copy (`EngineQuantizer`: narrow
+      weights re-quantized at each update); None keeps them as cast.
   """
 
   def __init__(
@@ -36,8 +39,10 @@ class PolicyWeights:
     param_dtype: Any,
     mesh: jax.sharding.Mesh | None,
     initial: Any,
+    quantize: Callable[[nnx.State], nnx.State] | None = None,
   ):
     self.param_dtype = param_dtype
+    self.quantize = quantize
     self._shardings = (
       None if mesh is None else param_shardings(abstract_state, mesh)
     )
@@ -59,6 +64,8 @@ class PolicyWeights:
     params = jax.tree.map(cast, params)
     if self._shardings is not None:
       params = jax.device_put(params, self._shardings)
+    if self.quantize is not None:
+      params = self.quantize(params)
     return params
 
   def update(self, params: Any, version: int | None = None) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import ml_collections
 
 from jaxcorr import rewards
@@ -40,12 +41,14 @@ from jaxcorr.losses.correction import CorrectionConfig
 from jaxcorr.losses.objective_config import ActorLossConfig, LossConfigs
 from jaxcorr.losses.rewards import KLControlConfig, check_kl_horizon
 from jaxcorr.model.lora import LoraConfig
+from jaxcorr.rollout import precision
 from jaxcorr.sharding import MeshConfig
 from jaxcorr.train.critic import CriticConfig
 from jaxcorr.train.evals import sets as eval_sets
 from jaxcorr.train.evals.config import EvalConfig
 from jaxcorr.train.policy import ModelConfig
 from jaxcorr.train.rollouts.config import RolloutConfig
+from jaxcorr.train.rollouts.weights import quant_spec
 from jaxcorr.train.run_config import AlgorithmConfig, RunConfig, TrainConfig
 from jaxcorr.train.state import OptimConfig
 from jaxcorr.train.tracker import sinks
@@ -168,20 +171,6 @@ def check_combinations(run: RunConfig) -> None:
     samples_per_prompt=r.samples_per_prompt,
   )
   fail = fields.fail
-  if run.lora.enabled and t.sft_steps:
-    fail(
-      'config.train.sft_steps',
-      t.sft_steps,
-      '0 with config.lora.rank > 0',
-      'the SFT warm-up trains every weight; a LoRA run starts from its model',
-    )
-  if run.lora.enabled and r.engine_quant != 'none':
-    fail(
-      'config.rollout.engine_quant',
-      r.engine_quant,
-      "'none' with config.lora.rank > 0",
-      'a LoRA sync sends adapters, which the int8 fake-quantiser does not take',
-    )
   if r.batch_size % t.mini_batches:
     fail(
       'config.train.mini_batches',
@@ -233,6 +222,8 @@ def check_combinations(run: RunConfig) -> None:
   if t.packing and run.critic.enabled:
     fail('config.train.packing', True, 'False with critic.enabled=True')
   check_agent(run)
+  check_lora(run)
+  check_precision(run)
   span = r.max_prompt_length + r.max_new_tokens
   if not run.model.hf_path and span > run.model.max_position_embeddings:
     fail(
@@ -262,6 +253,53 @@ def check_agent(run: RunConfig) -> None:
       r.logprob_mode,
       "'full' or 'truncated' with config.agent.environment (multi-turn "
       'rollouts record no kept sets)',
+    )
+
+
+def check_lora(run: RunConfig) -> None:
+  """A LoRA policy (`config.lora`) with what its adapter-only training and
+  sync support (docs/lora.md)."""
+  if not run.lora.enabled:
+    return
+  r = run.rollout
+  if run.train.sft_steps:
+    fields.fail(
+      'config.train.sft_steps',
+      run.train.sft_steps,
+      '0 with config.lora.rank > 0',
+      'the SFT warm-up trains every weight; a LoRA run starts from its model',
+    )
+  if r.engine_quant != 'none':
+    fields.fail(
+      'config.rollout.engine_quant',
+      r.engine_quant,
+      "'none' with config.lora.rank > 0",
+      'a LoRA sync sends adapters, which the int8 fake-quantiser does not take',
+    )
+  if r.quantization != 'none':
+    fields.fail(
+      'config.rollout.quantization',
+      r.quantization,
+      "'none' with config.lora.rank > 0",
+      'the LoRA engine merges adapters into full-precision weights',
+    )
+
+
+def check_precision(run: RunConfig) -> None:
+  """The engine's quantization against the correction mode and the
+  backend (docs/precision.md)."""
+  r = run.rollout
+  if r.matched_precision and not run.decoupled:
+    fields.fail(
+      'config.rollout.matched_precision',
+      True,
+      'False with correction.mode=bypass (π_old is then μ itself: there '
+      'is no trainer forward to match)',
+    )
+  why = precision.unsupported(quant_spec(r), jax.default_backend())
+  if why:
+    fields.fail(
+      'config.rollout.quantize_activations', r.quantize_activations, why
     )
 
 

@@ -2,7 +2,9 @@
 that is computed once on the global batch, before it is split.
 
     old log-probs   decoupled mode: the trainer's forward pass with the
-                    pre-update params (bypass: π_old is μ, skipped)
+                    pre-update params (bypass: π_old is μ, skipped; with
+                    rollout.matched_precision the engine's quantized
+                    weights, dequantized)
     ref log-probs   when a reference KL is configured
     values          the critic's, when it is enabled
     rewards         the sequence reward on the last response token, minus
@@ -30,6 +32,7 @@ from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.packing import forward as packed_forward
 from jaxcorr.train.packing.layout import PackedRows
 from jaxcorr.train.rollouts import staleness
+from jaxcorr.train.rollouts.weights import matched_params
 from jaxcorr.train.run_config import RunConfig
 
 
@@ -69,7 +72,10 @@ def prepare(
 
   b = batch.rows
   if run.decoupled:
-    batch = batch.replace(old_logp=policy_logp(params))
+    old = params
+    if run.rollout.matched_precision:  # the engine's quantized weights
+      old = matched_params(run, graphdef, params)
+    batch = batch.replace(old_logp=policy_logp(old))
   if run.needs_ref:
     batch = batch.replace(ref_logp=policy_logp(ref_params))
   if run.critic.enabled:

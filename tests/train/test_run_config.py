@@ -90,6 +90,20 @@ INVALID = [
   ({'rollout__mode': 'asynch'}, r"config\.rollout\.mode.*'sync'"),
   ({'rollout__engine_quant': 'int4'}, r'config\.rollout\.engine_quant'),
   ({'rollout__logprob_mode': 'exact'}, r'config\.rollout\.logprob_mode'),
+  ({'rollout__quantization': 'int4'}, r"config\.rollout\.quantization.*'fp8'"),
+  (
+    {'rollout__quantization': 'int8', 'rollout__engine_quant': 'int8'},
+    r'config\.rollout\.engine_quant',
+  ),
+  ({'rollout__matched_precision': True}, r"quantization='none'"),
+  (
+    {'rollout__engine_dtype': 'bfloat16', 'rollout__kv_cache_dtype': 'float32'},
+    r'config\.rollout\.kv_cache_dtype.*no wider',
+  ),
+  (
+    {'rollout__quantization': 'fp8', 'rollout__quantize_activations': True},
+    r'config\.rollout\.quantize_activations.*fp8 matmuls',
+  ),
   ({'rollout__logprob_mode': 'mask'}, r"logprob_mode.*'replay'"),
   ({'rollout__kept_set_capacity': 0}, r'config\.rollout\.kept_set_capacity'),
   ({'reward__functions': 'exact_match,nope'}, r'nope.*exact_match'),

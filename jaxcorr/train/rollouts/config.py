@@ -29,6 +29,9 @@ STREAM_ONLY = {'weight_sync': 'latest', 'kv_on_update': 'keep'}
 """Fields only `mode='stream'` reads -> their default, the one value allowed
 with the other modes."""
 _POS, _NAT = integer(1), integer(0)
+KV_CACHE_DTYPES = ('model', 'float32', 'bfloat16', 'float16', 'int8', 'fp8')
+"""`rollout.kv_cache_dtype` ('model': engine_dtype;
+`jaxcorr.rollout.precision.kv_storage_dtype` maps them)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +94,40 @@ class RolloutConfig:
     one_of('none', 'int8'),
     "Engine weight quantisation: 'none' or 'int8' (per-row symmetric, "
     'dequantised: a stronger, controlled mismatch).',
+  )
+  quantization: str = setting(
+    'none',
+    one_of('none', 'int8', 'fp8'),
+    "Engine weights stored narrow on the engine's devices: 'int8' or "
+    "'fp8' (e4m3) with float32 absmax scales per output channel, "
+    're-quantized from the published weights at every sync '
+    "(docs/precision.md); 'none' keeps engine_dtype.",
+  )
+  quantization_block: int = setting(
+    0,
+    _NAT,
+    'quantization: 0 one scale per output channel; n > 0 one per block of '
+    'n inputs (along a contracted axis n divides).',
+  )
+  quantize_activations: bool = setting(
+    False,
+    boolean,
+    'quantization: also quantize activations per token (W8A8: int8 dots '
+    'everywhere, fp8 dots on GPUs only); False: weight-only.',
+  )
+  kv_cache_dtype: str = setting(
+    'model',
+    one_of(*KV_CACHE_DTYPES),
+    "Engine KV cache storage: 'model' (engine_dtype), a float dtype no "
+    "wider than it, or 'int8' / 'fp8' (one float32 scale per token and "
+    'KV head; attention reads the narrow values).',
+  )
+  matched_precision: bool = setting(
+    False,
+    boolean,
+    "quantization: compute π_old with the engine's quantized weights "
+    '(fake-quant forward in prepare) instead of the trainer precision, '
+    'removing the weight part of the gap instead of correcting it.',
   )
   mode: str = setting(
     'sync',
@@ -166,6 +203,7 @@ class RolloutConfig:
 
   def __post_init__(self):
     p = validate(self)
+    self._check_precision(p)
     if self.mode != 'sync' and self.max_staleness is None:
       fail(
         f'{p}.max_staleness',
@@ -196,6 +234,37 @@ class RolloutConfig:
         self.weight_sync,
         "'latest' with staleness_policy="
         f"{self.staleness_policy!r} ('scheduled' waits for each version)",
+      )
+
+  def _check_precision(self, p: str) -> None:
+    if self.quantization != 'none' and self.engine_quant != 'none':
+      fail(
+        f'{p}.engine_quant',
+        self.engine_quant,
+        "'none' with rollout.quantization set (engine_quant is the older "
+        'fake-quantized int8 copy; quantization stores the weights narrow)',
+      )
+    if self.quantization == 'none':
+      for name, off in (
+        ('quantization_block', 0),
+        ('quantize_activations', False),
+        ('matched_precision', False),
+      ):
+        if getattr(self, name) != off:
+          fail(
+            f'{p}.{name}',
+            getattr(self, name),
+            f"{off!r} with rollout.quantization='none' (it configures the "
+            'quantized engine)',
+          )
+    kv = self.kv_cache_dtype
+    widths = {'float32': 4, 'bfloat16': 2, 'float16': 2}
+    if widths.get(kv, 1) > widths[self.engine_dtype]:
+      fail(
+        f'{p}.kv_cache_dtype',
+        kv,
+        f"no wider than engine_dtype={self.engine_dtype!r} ('model', a "
+        "narrower float, 'int8' or 'fp8')",
       )
 
   @property

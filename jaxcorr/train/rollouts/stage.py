@@ -37,6 +37,7 @@ from jaxcorr.rewards import RewardScorer
 from jaxcorr.rollout import RolloutBatch, driver
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.state import SamplingParams
+from jaxcorr.train.rollouts.weights import quant_spec
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.tracker.reduction import Metric, Metrics
 
@@ -92,6 +93,8 @@ def make_engine(run: RunConfig, policy: Any, mesh: Any) -> PolicyEngine:
       else 0
     ),
     lora=run.lora,
+    quantization=quant_spec(r),
+    kv_cache_dtype=r.kv_cache_dtype,
   )
 
 

@@ -1,7 +1,13 @@
 """Copies of the policy's weights that outlive the update's donation: for
 the rollout engine (cast and int8 fake-quantised as configured; with LoRA
 the adapters only, `AdapterPublisher`), the frozen reference policy and
-the SFT warm-up's starting point."""
+the SFT warm-up's starting point; and the engine's quantization as the
+trainer sees it (`quant_spec`, `matched_params`).
+
+With `rollout.quantization` the published copy stays in the trainer's
+precision: the engine quantizes it on its own devices (jaxcorr/rollout/
+precision.py), so the narrow weights are derived and never checkpointed
+(a fixed-lag checkpoint holds these full-precision copies)."""
 
 from __future__ import annotations
 
@@ -13,7 +19,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcorr.model.lora import probe_logprobs, probe_tokens
+from jaxcorr.model.quantized_weights import QuantSpec, fake_quantize
 from jaxcorr.rollout.adapter_weights import AdapterUpdate
+from jaxcorr.train.rollouts.config import RolloutConfig
 from jaxcorr.train.run_config import RunConfig
 
 
@@ -87,3 +95,27 @@ def weight_sync(run: RunConfig, policy: Any) -> Callable[[Any], Any]:
     return lambda state: engine_params(run, state.params)
   publish = AdapterPublisher(policy.graphdef, policy.config.vocab_size)
   return lambda state: publish(state.frozen, state.params)
+
+
+def quant_spec(r: RolloutConfig) -> QuantSpec | None:
+  """The engine's `QuantSpec` of a `rollout` section (None: not
+  quantized)."""
+  if r.quantization == 'none':
+    return None
+  return QuantSpec(
+    r.quantization,
+    block=r.quantization_block,
+    activations=r.quantize_activations,
+  )
+
+
+def matched_params(run: RunConfig, graphdef: Any, params: Any) -> Any:
+  """`params` with each matmul weight replaced by the engine's quantized
+  weight, dequantized (`rollout.matched_precision`: π_old from the
+  weights the engine sampled with; traced inside `prepare`). Activation
+  quantization (W8A8) is not reproduced: weights only."""
+  r = run.rollout
+  spec = quant_spec(r)
+  return fake_quantize(
+    nnx.merge(graphdef, params), spec, jnp.dtype(r.engine_dtype)
+  )
