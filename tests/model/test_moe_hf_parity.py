@@ -90,7 +90,15 @@ def torch_logits(model, tokens: np.ndarray) -> np.ndarray:
     return model(torch.as_tensor(tokens)).logits.numpy()
 
 
-@pytest.mark.parametrize('family', sorted(FAMILIES))
+@pytest.mark.parametrize(
+  'family',
+  [
+    'qwen2_moe',
+    'qwen3_moe',
+    # Qwen3-MoE's routing math under Mixtral's names (slow: the budget).
+    pytest.param('mixtral', marks=pytest.mark.slow),
+  ],
+)
 def test_moe_parity_with_transformers(tmp_path, family):
   ref_model = hf_moe(family)
   ref_model.save_pretrained(tmp_path / 'hf')
