@@ -67,6 +67,13 @@ class RouterStats:
   load: jax.Array  # [L, E] fraction of the k * N choices per expert
 
 
+def routing_shape(cfg: TransformerConfig) -> tuple[int, int, int] | None:
+  """(L_moe, k, E) of a policy's routing records; None when dense."""
+  if not cfg.num_experts:
+    return None
+  return len(cfg.moe_layers), cfg.num_experts_per_tok, cfg.num_experts
+
+
 def stack_stats(per_layer: list[RouterStats]) -> RouterStats:
   """Stack per-layer stats ([B, S, k], scalars, [E]) on a layer axis."""
   return RouterStats(

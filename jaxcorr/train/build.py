@@ -41,6 +41,7 @@ from jaxcorr.sharding import MeshConfig
 from jaxcorr.train.critic import CriticConfig
 from jaxcorr.train.policy import ModelConfig
 from jaxcorr.train.rollouts.config import RolloutConfig
+from jaxcorr.train.routing.config import MoEConfig
 from jaxcorr.train.run_config import AlgorithmConfig, RunConfig, TrainConfig
 from jaxcorr.train.state import OptimConfig
 from jaxcorr.train.tracker import sinks
@@ -54,6 +55,7 @@ SECTIONS: dict[str, type] = {
   'optim': OptimConfig,
   'critic': CriticConfig,
   'mesh': MeshConfig,
+  'moe': MoEConfig,
 }
 """The trainer sections that map one ConfigDict section to one dataclass
 (`correction`, `actor` and `algorithm` are assembled below)."""
@@ -151,6 +153,26 @@ def check_startup(
     )
 
 
+def _check_moe(run: RunConfig) -> None:
+  """R2 needs a π_old pass; the balance terms need global normalisers."""
+  moe = run.moe
+  if moe.router_replay == 'old' and not run.decoupled:
+    fields.fail(
+      'config.moe.router_replay',
+      'old',
+      "'none' or 'rollout' with bypass correction (R2 replays the routing "
+      "of the trainer's pi_old pass, which bypass mode does not run)",
+    )
+  if (moe.aux_loss_coef or moe.z_loss_coef) and not run.decoupled:
+    fields.fail(
+      'config.moe.aux_loss_coef',
+      moe.aux_loss_coef,
+      '0 (and z_loss_coef 0) with bypass correction: its loss is divided '
+      'by the corrected token count at the end, which would rescale the '
+      'balance terms; use correction.mode=decoupled',
+    )
+
+
 def check_combinations(run: RunConfig) -> None:
   """Cross-section rules (no device needed)."""
   r, t = run.rollout, run.train
@@ -173,6 +195,7 @@ def check_combinations(run: RunConfig) -> None:
       t.micro_batches,
       f'at most batch/mini_batches = {r.batch_size // t.mini_batches}',
     )
+  _check_moe(run)
   estimator = run.algorithm.advantage.estimator
   if estimator == 'gae' and not run.critic.enabled:
     fail(

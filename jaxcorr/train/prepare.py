@@ -2,7 +2,8 @@
 that is computed once on the global batch, before it is split.
 
     old log-probs   decoupled mode: the trainer's forward pass with the
-                    pre-update params (bypass: π_old is μ, skipped)
+                    pre-update params (bypass: π_old is μ, skipped); with
+                    `moe.router_replay='old'` also its routing (R2)
     ref log-probs   when a reference KL is configured
     values          the critic's, when it is enabled
     rewards         the sequence reward on the last response token, minus
@@ -55,7 +56,15 @@ def prepare(
   def values(p, rows):
     return scoring.critic_values(critic_graphdef, p, rows)
 
-  if run.decoupled:
+  def routed_logp(p, rows):
+    out, stats = scoring.response_logp(run, graphdef, p, rows, routing=True)
+    return out, stats.experts
+
+  if run.decoupled and run.moe.router_replay == 'old':
+    # R2: π_old's own routing, replayed by every update micro-batch.
+    old, experts = scoring.in_chunks(routed_logp, params, batch, chunks)
+    batch = batch.replace(old_logp=sg(old), old_experts=experts)
+  elif run.decoupled:
     batch = batch.replace(
       old_logp=sg(scoring.in_chunks(logp, params, batch, chunks))
     )

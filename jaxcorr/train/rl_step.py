@@ -62,6 +62,8 @@ class RLStep:
     mesh: the trainer's mesh.
     vocab_size: the policy's vocabulary (rollout validation).
     batch_shards: devices the rows are split over (padding multiple).
+    routing: an MoE policy's (L_moe, k, E) (`moe.routing_shape`), checked
+      in every `RolloutBatch.routed_experts`; None for a dense policy.
   """
 
   def __init__(
@@ -72,8 +74,10 @@ class RLStep:
     *,
     vocab_size: int,
     batch_shards: int,
+    routing: tuple[int, int, int] | None = None,
   ):
     self.run = run
+    self.routing = routing
     self.steps = steps
     self.mesh = mesh
     self.vocab_size = vocab_size
@@ -101,6 +105,8 @@ class RLStep:
       logprob_mode=r.logprob_mode,
       allow_nonfinite_logp=r.allow_nonfinite_logp,
       trainer_version=trainer_version,
+      routing=self.routing,
+      needs_routing=self.run.moe.router_replay == 'rollout',
     )
 
   def host_metrics(self, scored: Scored, step: int) -> Metrics:

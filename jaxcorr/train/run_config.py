@@ -43,6 +43,7 @@ from jaxcorr.sharding import MeshConfig
 from jaxcorr.train.critic import CriticConfig
 from jaxcorr.train.policy import ModelConfig
 from jaxcorr.train.rollouts.config import RolloutConfig
+from jaxcorr.train.routing.config import MoEConfig
 from jaxcorr.train.state import OptimConfig
 from jaxcorr.train.tracker import sinks
 
@@ -149,6 +150,7 @@ class RunConfig:
   optim: OptimConfig
   critic: CriticConfig
   mesh: MeshConfig
+  moe: MoEConfig = dataclasses.field(default_factory=MoEConfig)
 
   @property
   def needs_ref(self) -> bool:

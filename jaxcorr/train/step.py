@@ -36,6 +36,7 @@ from jaxcorr.losses import objective, objective_config, value
 from jaxcorr.train import scoring
 from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.prepare import gap_arguments, prepare
+from jaxcorr.train.routing import metrics as routing_metrics
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.state import TrainState, apply_updates
 from jaxcorr.train.tracker import reduction
@@ -128,8 +129,8 @@ class Steps:
   def _actor_loss(self, params, mic: TrainBatch, counts, key):
     run = self.run
     corr = run.losses.correction
-    logp, ent = scoring.response_logp(
-      run, self.graphdef, params, mic, entropy=True
+    (logp, ent), routing = scoring.response_logp(
+      run, self.graphdef, params, mic, entropy=True, routing=True
     )
     correction, gap, gap_weights = None, {}, {}
     if run.decoupled and corr is not None:
@@ -158,7 +159,31 @@ class Steps:
       **gap,
       seq_reward=mic.seq_reward,
     )
+    if routing is not None:
+      loss, met = self._moe_terms(loss, routing, mic, counts)
+      metrics = dict(metrics, **met)
+      tokens = jnp.sum(mic.segment_ids != 0, dtype=jnp.float32)
+      gap_weights = dict(gap_weights, **dict.fromkeys(met, tokens))
     return loss, (metrics, gap_weights)
+
+  def _moe_terms(self, loss, routing, mic: TrainBatch, counts):
+    """The loss plus the balance terms, weighted by the micro-batch's
+    share of the mini-batch's loss tokens (so padding rows and all-padding
+    micro-batches change nothing), and the routing metrics: balance, and
+    the router agreement with the engine when the batch carries its
+    routing."""
+    m = mic.response_mask
+    if mic.corr_mask is not None:
+      m = m & mic.corr_mask
+    share = jnp.sum(m, dtype=jnp.float32) / jnp.maximum(counts[0], 1.0)
+    term, met = routing_metrics.balance_terms(routing, self.run.moe, share)
+    if mic.routed_experts is not None:
+      met.update(
+        routing_metrics.agreement(
+          routing.natural, mic.routed_experts, mic.segment_ids != 0
+        )
+      )
+    return loss + term, met
 
   def _critic_loss(self, critic_params, mic: TrainBatch, counts):
     v = scoring.critic_values(self.critic_graphdef, critic_params, mic)

@@ -102,7 +102,7 @@ def test_router_gets_gradients_under_replay():
 
 def test_route_gates_and_balance_stats():
   logits = jnp.asarray([[2.0, 1.0, 0.0, -1.0], [0.0, 0.0, 3.0, 1.0]])
-  experts, gates, natural = route(logits, 2, norm_topk_prob=True)
+  experts, gates, _ = route(logits, 2, norm_topk_prob=True)
   np.testing.assert_array_equal(experts, [[0, 1], [2, 3]])
   np.testing.assert_allclose(gates.sum(-1), 1.0, atol=1e-6)
   _, plain, _ = route(logits, 2, norm_topk_prob=False)
