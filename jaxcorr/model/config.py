@@ -162,40 +162,7 @@ class TransformerConfig:
         f'{sorted(ARCHITECTURES)}'
       )
     set_('mlp_only_layers', tuple(int(i) for i in self.mlp_only_layers))
-    self._check_moe()
-
-  def _check_moe(self):
-    is_moe = self.architecture in MOE_ARCHITECTURES
-    if not is_moe:
-      if self.num_experts:
-        raise ValueError(
-          f'num_experts={self.num_experts} needs an MoE architecture, one '
-          f'of {MOE_ARCHITECTURES}'
-        )
-      return
-    e, k = self.num_experts, self.num_experts_per_tok
-    if not 0 < k <= e:
-      raise ValueError(
-        f'{self.architecture}: expected 0 < num_experts_per_tok <= '
-        f'num_experts, got k={k}, num_experts={e}'
-      )
-    if self.moe_intermediate_size <= 0:
-      raise ValueError('moe_intermediate_size must be a positive int')
-    if self.decoder_sparse_step < 1:
-      raise ValueError('decoder_sparse_step must be >= 1')
-    if self.moe_dispatch not in MOE_DISPATCH:
-      raise ValueError(
-        f'moe_dispatch={self.moe_dispatch!r}: expected one of {MOE_DISPATCH}'
-      )
-    if self.shared_expert_intermediate_size and (
-      self.architecture != 'Qwen2MoeForCausalLM'
-    ):
-      raise UnsupportedModelError('a shared expert exists only in Qwen2-MoE')
-    if self.scan_layers and len(self.moe_layers) != self.num_layers:
-      raise ValueError(
-        'scan_layers=True needs every layer to be an MoE layer (a scanned '
-        f'stack is uniform); MoE layers here: {self.moe_layers}'
-      )
+    _check_moe(self)
 
   # ------------------------------------------------------------- helpers
 
@@ -355,42 +322,78 @@ class TransformerConfig:
     if self.architecture == 'LlamaForCausalLM':
       hf['mlp_bias'] = False
     if self.architecture in MOE_ARCHITECTURES:
-      hf.update(self._moe_hf_config())
+      hf.update(_moe_hf_config(self))
     return hf
-
-  def _moe_hf_config(self) -> dict[str, Any]:
-    out: dict[str, Any] = dict(
-      num_experts_per_tok=self.num_experts_per_tok,
-      output_router_logits=False,
-    )
-    if self.architecture == 'MixtralForCausalLM':
-      if self.moe_layers != tuple(range(self.num_layers)):
-        raise UnsupportedModelError('every Mixtral layer is an MoE layer')
-      if self.moe_intermediate_size != self.intermediate_size:
-        raise UnsupportedModelError(
-          'Mixtral has one MLP width: intermediate_size == '
-          'moe_intermediate_size'
-        )
-      if not self.norm_topk_prob:
-        raise UnsupportedModelError('Mixtral always re-normalises the top-k')
-      out.update(num_local_experts=self.num_experts, router_jitter_noise=0.0)
-      return out
-    out.update(
-      num_experts=self.num_experts,
-      moe_intermediate_size=self.moe_intermediate_size,
-      norm_topk_prob=self.norm_topk_prob,
-      mlp_only_layers=list(self.mlp_only_layers),
-      decoder_sparse_step=self.decoder_sparse_step,
-    )
-    if self.architecture == 'Qwen2MoeForCausalLM':
-      out['shared_expert_intermediate_size'] = (
-        self.shared_expert_intermediate_size
-      )
-    return out
 
 
 _QKV_BIASED = ('Qwen2ForCausalLM', 'Qwen2MoeForCausalLM')
 _QK_NORMED = ('Qwen3ForCausalLM', 'Qwen3MoeForCausalLM')
+
+
+def _check_moe(self: TransformerConfig) -> None:
+  """The MoE fields' rules (none for a dense architecture)."""
+  is_moe = self.architecture in MOE_ARCHITECTURES
+  if not is_moe:
+    if self.num_experts:
+      raise ValueError(
+        f'num_experts={self.num_experts} needs an MoE architecture, one '
+        f'of {MOE_ARCHITECTURES}'
+      )
+    return
+  e, k = self.num_experts, self.num_experts_per_tok
+  if not 0 < k <= e:
+    raise ValueError(
+      f'{self.architecture}: expected 0 < num_experts_per_tok <= '
+      f'num_experts, got k={k}, num_experts={e}'
+    )
+  if self.moe_intermediate_size <= 0:
+    raise ValueError('moe_intermediate_size must be a positive int')
+  if self.decoder_sparse_step < 1:
+    raise ValueError('decoder_sparse_step must be >= 1')
+  if self.moe_dispatch not in MOE_DISPATCH:
+    raise ValueError(
+      f'moe_dispatch={self.moe_dispatch!r}: expected one of {MOE_DISPATCH}'
+    )
+  if self.shared_expert_intermediate_size and (
+    self.architecture != 'Qwen2MoeForCausalLM'
+  ):
+    raise UnsupportedModelError('a shared expert exists only in Qwen2-MoE')
+  if self.scan_layers and len(self.moe_layers) != self.num_layers:
+    raise ValueError(
+      'scan_layers=True needs every layer to be an MoE layer (a scanned '
+      f'stack is uniform); MoE layers here: {self.moe_layers}'
+    )
+
+
+def _moe_hf_config(self: TransformerConfig) -> dict[str, Any]:
+  """The MoE keys of `to_hf_config`."""
+  out: dict[str, Any] = dict(
+    num_experts_per_tok=self.num_experts_per_tok,
+    output_router_logits=False,
+  )
+  if self.architecture == 'MixtralForCausalLM':
+    if self.moe_layers != tuple(range(self.num_layers)):
+      raise UnsupportedModelError('every Mixtral layer is an MoE layer')
+    if self.moe_intermediate_size != self.intermediate_size:
+      raise UnsupportedModelError(
+        'Mixtral has one MLP width: intermediate_size == moe_intermediate_size'
+      )
+    if not self.norm_topk_prob:
+      raise UnsupportedModelError('Mixtral always re-normalises the top-k')
+    out.update(num_local_experts=self.num_experts, router_jitter_noise=0.0)
+    return out
+  out.update(
+    num_experts=self.num_experts,
+    moe_intermediate_size=self.moe_intermediate_size,
+    norm_topk_prob=self.norm_topk_prob,
+    mlp_only_layers=list(self.mlp_only_layers),
+    decoder_sparse_step=self.decoder_sparse_step,
+  )
+  if self.architecture == 'Qwen2MoeForCausalLM':
+    out['shared_expert_intermediate_size'] = (
+      self.shared_expert_intermediate_size
+    )
+  return out
 
 
 def _moe_fields(hf: Mapping[str, Any], arch: str) -> dict[str, Any]:

@@ -185,7 +185,7 @@ class Transformer(nnx.Module):
   ) -> tuple[jax.Array, KVCache | None, RouterStats | None]:
     """`hidden_states` plus the routing of the MoE layers (None if dense).
 
-    replay: [B, S, L_moe, k] int expert ids to route by (`moe.NO_EXPERT`
+    replay: [B, S, L_moe, k] int expert ids to route by (`jaxcorr.model.moe.NO_EXPERT`
     rows route freely), or None; token_mask: [B, S] bool, the tokens the
     load-balancing statistics count (default: all).
     """

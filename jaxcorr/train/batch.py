@@ -76,7 +76,7 @@ class TrainBatch:
   kept_count: Array | None = None  # [B, T] int32
   # Trainer version − the token's policy version, 0 off the mask.
   version_gap: Array | None = None  # [B, T] int32
-  # MoE routing replay (docs/moe.md), moe.NO_EXPERT (-1) where none: the
+  # MoE routing replay (docs/moe.md), -1 (model.moe.NO_EXPERT) where none: the
   # engine's (R3) and the trainer's π_old pass's (R2, filled by prepare).
   routed_experts: Array | None = None  # [B, P + T, L_moe, k] int32
   old_experts: Array | None = None  # [B, P + T, L_moe, k] int32

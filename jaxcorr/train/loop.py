@@ -39,7 +39,6 @@ from flax import nnx
 
 from jaxcorr import rewards as reward_fns
 from jaxcorr.data import text
-from jaxcorr.model.moe import routing_shape
 from jaxcorr.rewards import RewardScorer
 from jaxcorr.train import build, preemption, setup, sft
 from jaxcorr.train.checkpoints import workdir as workdir_lib
@@ -146,7 +145,6 @@ class Trainer:
       self.mesh,
       vocab_size=self.model_cfg.vocab_size,
       batch_shards=meshes.batch_shards,
-      routing=routing_shape(self.model_cfg),
     )
     self.batch_shards = meshes.batch_shards
     self.checkpoints = RunCheckpoints(

@@ -62,8 +62,6 @@ class RLStep:
     mesh: the trainer's mesh.
     vocab_size: the policy's vocabulary (rollout validation).
     batch_shards: devices the rows are split over (padding multiple).
-    routing: an MoE policy's (L_moe, k, E) (`moe.routing_shape`), checked
-      in every `RolloutBatch.routed_experts`; None for a dense policy.
   """
 
   def __init__(
@@ -74,10 +72,8 @@ class RLStep:
     *,
     vocab_size: int,
     batch_shards: int,
-    routing: tuple[int, int, int] | None = None,
   ):
     self.run = run
-    self.routing = routing
     self.steps = steps
     self.mesh = mesh
     self.vocab_size = vocab_size
@@ -105,7 +101,7 @@ class RLStep:
       logprob_mode=r.logprob_mode,
       allow_nonfinite_logp=r.allow_nonfinite_logp,
       trainer_version=trainer_version,
-      routing=self.routing,
+      routing=self.steps.routing,
       needs_routing=self.run.moe.router_replay == 'rollout',
     )
 

@@ -21,6 +21,7 @@ from jaxcorr.data import prompt_check
 from jaxcorr.data import prompts as data
 from jaxcorr.data.tasks import Example
 from jaxcorr.losses import rewards
+from jaxcorr.model.moe import routing_shape
 from jaxcorr.train import run_config as run_lib
 from jaxcorr.train.critic import ValueModel
 from jaxcorr.train.policy import Policy
@@ -139,6 +140,7 @@ def build_learner(
     critic_graphdef=critic_graphdef,
     critic_tx=critic_tx,
     state_shardings=jax.tree.map(lambda x: x.sharding, state),
+    routing=routing_shape(policy.config),
   )
   return state, steps
 

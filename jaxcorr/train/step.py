@@ -68,6 +68,8 @@ class Steps:
     state_shardings: a `TrainState` of shardings: where updated params
       must live (the shardings they were created with); None leaves it to
       XLA.
+    routing: an MoE policy's (L_moe, k, E) (`moe.routing_shape`); None
+      for a dense policy.
   """
 
   def __init__(
@@ -80,8 +82,9 @@ class Steps:
     critic_graphdef: Any = None,
     critic_tx: optax.GradientTransformation | None = None,
     state_shardings: Any = None,
+    routing: tuple[int, int, int] | None = None,
   ):
-    self.run = run
+    self.run, self.routing = run, routing
     self.graphdef = graphdef
     self.tx = tx
     self.schedule = schedule
@@ -160,30 +163,11 @@ class Steps:
       seq_reward=mic.seq_reward,
     )
     if routing is not None:
-      loss, met = self._moe_terms(loss, routing, mic, counts)
-      metrics = dict(metrics, **met)
+      term, met = routing_metrics.step_terms(routing, mic, counts, run.moe)
+      loss, metrics = loss + term, dict(metrics, **met)
       tokens = jnp.sum(mic.segment_ids != 0, dtype=jnp.float32)
       gap_weights = dict(gap_weights, **dict.fromkeys(met, tokens))
     return loss, (metrics, gap_weights)
-
-  def _moe_terms(self, loss, routing, mic: TrainBatch, counts):
-    """The loss plus the balance terms, weighted by the micro-batch's
-    share of the mini-batch's loss tokens (so padding rows and all-padding
-    micro-batches change nothing), and the routing metrics: balance, and
-    the router agreement with the engine when the batch carries its
-    routing."""
-    m = mic.response_mask
-    if mic.corr_mask is not None:
-      m = m & mic.corr_mask
-    share = jnp.sum(m, dtype=jnp.float32) / jnp.maximum(counts[0], 1.0)
-    term, met = routing_metrics.balance_terms(routing, self.run.moe, share)
-    if mic.routed_experts is not None:
-      met.update(
-        routing_metrics.agreement(
-          routing.natural, mic.routed_experts, mic.segment_ids != 0
-        )
-      )
-    return loss + term, met
 
   def _critic_loss(self, critic_params, mic: TrainBatch, counts):
     v = scoring.critic_values(self.critic_graphdef, critic_params, mic)

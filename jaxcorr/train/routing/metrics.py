@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxcorr.model.moe import RouterStats
+from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.routing.config import MoEConfig
 
 
@@ -38,6 +39,30 @@ def agreement(
   for j in range(trainer.shape[2]):
     out[f'moe/agreement/layer{j}'] = per_layer[j]
   return out
+
+
+def step_terms(
+  routing: RouterStats,
+  mic: TrainBatch,
+  counts: tuple[jax.Array, jax.Array],
+  cfg: MoEConfig,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """(the balance terms of one update micro-batch, its routing metrics).
+
+  The terms are weighted by the micro-batch's share of the mini-batch's
+  loss tokens (`counts[0]`), so padding rows and all-padding micro-batches
+  change nothing; the agreement metrics need the engine's routing.
+  """
+  m = mic.response_mask
+  if mic.corr_mask is not None:
+    m = m & mic.corr_mask
+  share = jnp.sum(m, dtype=jnp.float32) / jnp.maximum(counts[0], 1.0)
+  term, met = balance_terms(routing, cfg, share)
+  if mic.routed_experts is not None:
+    met.update(
+      agreement(routing.natural, mic.routed_experts, mic.segment_ids != 0)
+    )
+  return term, met
 
 
 def balance_terms(
