@@ -28,7 +28,7 @@ def moe_run(replay: str, **train):
   overrides = {f'train__{k}': v for k, v in train.items()}
   return build.build(
     pulse_config(
-      'decoupled_seq_is_rs',
+      'decoupled_token_is',
       train__shuffle_minibatches=False,
       train__mini_batches=1,
       model__architecture='MixtralForCausalLM',
@@ -88,6 +88,7 @@ def test_padding_and_all_padding_micro_batches_change_nothing():
   assert set(ma) == set(mb)
   for k in ma:
     assert_close(ma[k], mb[k], TOL_LAYOUT_METRICS, what=k)
+  assert float(ma['actor/loss_token_count']) > 0  # a real update
   assert {'moe/aux_loss', 'moe/router_agreement', 'moe/load/e7'} <= set(ma)
   assert 'moe/agreement/layer1' in ma
 
