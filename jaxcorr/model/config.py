@@ -390,6 +390,8 @@ def _moe_hf_config(self: TransformerConfig) -> dict[str, Any]:
     decoder_sparse_step=self.decoder_sparse_step,
   )
   if self.architecture == 'Qwen2MoeForCausalLM':
+    if not self.shared_expert_intermediate_size:
+      raise UnsupportedModelError('every Qwen2-MoE block has a shared expert')
     out['shared_expert_intermediate_size'] = (
       self.shared_expert_intermediate_size
     )
