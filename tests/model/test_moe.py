@@ -140,6 +140,7 @@ def test_scanned_moe_layers_match_the_list():
   np.testing.assert_array_equal(sa.experts, sb.experts)
 
 
+@pytest.mark.slow  # 8-device compile: the test budget
 def test_sharded_forward_and_gradients_equal_single_device():
   """Experts split over fsdp=8 (one per device): logits, routing and every
   gradient (under replay) as on one device."""
