@@ -10,7 +10,8 @@ STAMP := $(VENV)/.installed
 # (configs/smollm2_arith.py reads it from there).
 SMOLLM2_DIR ?= $(HOME)/.cache/jaxcorr/SmolLM2-135M-Instruct
 
-.PHONY: run demo test lint format bench bench-smollm2 lab smollm2 run-smollm2
+.PHONY: run run-moe demo test lint format bench bench-moe bench-smollm2 lab smollm2 \
+  run-smollm2
 
 $(STAMP): setup.py
 	python3 -m venv $(VENV)
@@ -20,6 +21,11 @@ $(STAMP): setup.py
 
 run: $(STAMP)
 	$(PY) -m jaxcorr.main --config=configs/arith_tiny.py --workdir=$(WORKDIR)
+
+# The same task with a tiny mixture-of-experts policy (docs/moe.md).
+run-moe: $(STAMP)
+	$(PY) -m jaxcorr.main --config=configs/arith_moe.py \
+	  --workdir=workdir/arith_moe
 
 demo: $(STAMP)
 	$(PY) -m jaxcorr.demo

@@ -45,6 +45,7 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
   ('kv_heads', 'tensor'),
   ('head_dim', None),
   ('layers', None),  # scan-over-layers stacking axis
+  ('expert', 'fsdp'),  # MoE experts: expert parallelism over fsdp
   ('norm', None),
   # Activations. Their feature axes never use `fsdp`: the batch already does.
   ('batch', ('data', 'fsdp')),

@@ -32,8 +32,23 @@ ARCHITECTURES = {
   'LlamaForCausalLM': 'llama',
   'Qwen2ForCausalLM': 'qwen2',
   'Qwen3ForCausalLM': 'qwen3',
+  'Qwen3MoeForCausalLM': 'qwen3_moe',
+  'Qwen2MoeForCausalLM': 'qwen2_moe',
+  'MixtralForCausalLM': 'mixtral',
 }
 """Supported Hugging Face architectures and their `model_type`."""
+
+MOE_ARCHITECTURES = (
+  'Qwen3MoeForCausalLM',
+  'Qwen2MoeForCausalLM',
+  'MixtralForCausalLM',
+)
+"""The mixture-of-experts families (`jaxcorr.model.moe`)."""
+
+MOE_DISPATCH = ('grouped', 'dense')
+"""How routed tokens reach their experts: a grouped matmul over the tokens
+sorted by expert (`jax.lax.ragged_dot`), or every expert on every token (the
+reference the tests compare against; E / k times the FLOPs)."""
 
 REMAT_POLICIES = ('none', 'full', 'dots')
 """Per-layer rematerialisation: keep everything, keep nothing (recompute the
@@ -98,6 +113,17 @@ class TransformerConfig:
   # every forward, trainer and engine alike (docs/math/rollout_contract.md §1).
   # None: every column is a real token.
   real_vocab_size: int | None = None
+  # Mixture of experts (`jaxcorr.model.moe`); num_experts=0: a dense model.
+  num_experts: int = 0
+  num_experts_per_tok: int = 0  # k, the experts each token is routed to
+  moe_intermediate_size: int = 0  # each expert's SwiGLU width
+  # True: the k gates are re-normalised to sum to 1 (Qwen3-MoE, Mixtral);
+  # False: they are the full-softmax probabilities (Qwen2-MoE).
+  norm_topk_prob: bool = True
+  shared_expert_intermediate_size: int = 0  # Qwen2-MoE; 0: none
+  mlp_only_layers: tuple[int, ...] = ()  # dense layers among MoE ones
+  decoder_sparse_step: int = 1  # layer i is MoE iff (i + 1) % step == 0
+  moe_dispatch: str = 'grouped'  # one of MOE_DISPATCH
 
   def __post_init__(self):
     set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
@@ -135,8 +161,22 @@ class TransformerConfig:
         f'architecture {self.architecture!r} is not supported; supported: '
         f'{sorted(ARCHITECTURES)}'
       )
+    set_('mlp_only_layers', tuple(int(i) for i in self.mlp_only_layers))
+    _check_moe(self)
 
   # ------------------------------------------------------------- helpers
+
+  @property
+  def moe_layers(self) -> tuple[int, ...]:
+    """Indices of the MoE layers (empty for a dense model), in order."""
+    if not self.num_experts:
+      return ()
+    step = self.decoder_sparse_step
+    return tuple(
+      i
+      for i in range(self.num_layers)
+      if i not in self.mlp_only_layers and (i + 1) % step == 0
+    )
 
   @property
   def num_groups(self) -> int:
@@ -154,9 +194,15 @@ class TransformerConfig:
     attn = d * q + 2 * d * kv + q * d
     attn += (q + 2 * kv) * self.qkv_bias + d * self.o_bias
     attn += 2 * dh * self.qk_norm
-    layer = attn + 3 * d * f + 2 * d
+    layer = attn + 2 * d
+    moe = len(self.moe_layers)
+    mlps = (self.num_layers - moe) * 3 * d * f
+    if moe:
+      e, fe = self.num_experts, self.moe_intermediate_size
+      fs = self.shared_expert_intermediate_size
+      mlps += moe * (d * e + e * 3 * d * fe + 3 * d * fs + d * bool(fs))
     head = 0 if self.tie_embeddings else self.vocab_size * d
-    return self.vocab_size * d + self.num_layers * layer + d + head
+    return self.vocab_size * d + self.num_layers * layer + mlps + d + head
 
   # ------------------------------------------------------------ HF config
 
@@ -200,9 +246,9 @@ class TransformerConfig:
       rope_scaling=scaling,
       max_position_embeddings=hf.get('max_position_embeddings', 4096),
       # Qwen2 always biases q/k/v (and never o); the others follow the flag.
-      qkv_bias=arch == 'Qwen2ForCausalLM' or attention_bias,
-      o_bias=arch != 'Qwen2ForCausalLM' and attention_bias,
-      qk_norm=arch == 'Qwen3ForCausalLM',
+      qkv_bias=arch in _QKV_BIASED or attention_bias,
+      o_bias=arch not in _QKV_BIASED and attention_bias,
+      qk_norm=arch in _QK_NORMED,
       tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
       initializer_range=hf.get('initializer_range', 0.02),
       architecture=arch,
@@ -210,6 +256,7 @@ class TransformerConfig:
       eos_token_id=hf.get('eos_token_id'),
       pad_token_id=hf.get('pad_token_id'),
     )
+    fields.update(_moe_fields(hf, arch))
     fields.update(overrides)
     return cls(**fields)
 
@@ -254,23 +301,130 @@ class TransformerConfig:
       dtype=dtype,
       use_cache=True,
     )
-    if self.architecture == 'Qwen2ForCausalLM':
+    if self.architecture in _QKV_BIASED:
       if self.o_bias or not self.qkv_bias:
-        raise UnsupportedModelError('Qwen2 has q/k/v biases and no o bias')
+        raise UnsupportedModelError(
+          f'{self.architecture} has q/k/v biases and no o bias'
+        )
       hf.update(use_sliding_window=False, sliding_window=None)
+      if self.architecture == 'Qwen2MoeForCausalLM':
+        hf['qkv_bias'] = True
     else:
       if self.qkv_bias != self.o_bias:
         raise UnsupportedModelError(
           f'{self.architecture} biases q, k, v and o together or not at all'
         )
       hf['attention_bias'] = self.qkv_bias
-    if self.architecture == 'Qwen3ForCausalLM':
+    if self.architecture in _QK_NORMED:
       hf.update(use_sliding_window=False, sliding_window=None)
-    if self.qk_norm != (self.architecture == 'Qwen3ForCausalLM'):
-      raise UnsupportedModelError('q/k RMSNorm exists only in Qwen3')
+    if self.qk_norm != (self.architecture in _QK_NORMED):
+      raise UnsupportedModelError('q/k RMSNorm exists only in Qwen3(-MoE)')
     if self.architecture == 'LlamaForCausalLM':
       hf['mlp_bias'] = False
+    if self.architecture in MOE_ARCHITECTURES:
+      hf.update(_moe_hf_config(self))
     return hf
+
+
+_QKV_BIASED = ('Qwen2ForCausalLM', 'Qwen2MoeForCausalLM')
+_QK_NORMED = ('Qwen3ForCausalLM', 'Qwen3MoeForCausalLM')
+
+
+def _check_moe(self: TransformerConfig) -> None:
+  """The MoE fields' rules (none for a dense architecture)."""
+  is_moe = self.architecture in MOE_ARCHITECTURES
+  if not is_moe:
+    if self.num_experts:
+      raise ValueError(
+        f'num_experts={self.num_experts} needs an MoE architecture, one '
+        f'of {MOE_ARCHITECTURES}'
+      )
+    return
+  e, k = self.num_experts, self.num_experts_per_tok
+  if not 0 < k <= e:
+    raise ValueError(
+      f'{self.architecture}: expected 0 < num_experts_per_tok <= '
+      f'num_experts, got k={k}, num_experts={e}'
+    )
+  if self.moe_intermediate_size <= 0:
+    raise ValueError('moe_intermediate_size must be a positive int')
+  if self.decoder_sparse_step < 1:
+    raise ValueError('decoder_sparse_step must be >= 1')
+  if self.moe_dispatch not in MOE_DISPATCH:
+    raise ValueError(
+      f'moe_dispatch={self.moe_dispatch!r}: expected one of {MOE_DISPATCH}'
+    )
+  if self.shared_expert_intermediate_size and (
+    self.architecture != 'Qwen2MoeForCausalLM'
+  ):
+    raise UnsupportedModelError('a shared expert exists only in Qwen2-MoE')
+  if self.scan_layers and len(self.moe_layers) != self.num_layers:
+    raise ValueError(
+      'scan_layers=True needs every layer to be an MoE layer (a scanned '
+      f'stack is uniform); MoE layers here: {self.moe_layers}'
+    )
+
+
+def _moe_hf_config(self: TransformerConfig) -> dict[str, Any]:
+  """The MoE keys of `to_hf_config`."""
+  out: dict[str, Any] = dict(
+    num_experts_per_tok=self.num_experts_per_tok,
+    output_router_logits=False,
+  )
+  if self.architecture == 'MixtralForCausalLM':
+    if self.moe_layers != tuple(range(self.num_layers)):
+      raise UnsupportedModelError('every Mixtral layer is an MoE layer')
+    if self.moe_intermediate_size != self.intermediate_size:
+      raise UnsupportedModelError(
+        'Mixtral has one MLP width: intermediate_size == moe_intermediate_size'
+      )
+    if not self.norm_topk_prob:
+      raise UnsupportedModelError('Mixtral always re-normalises the top-k')
+    out.update(num_local_experts=self.num_experts, router_jitter_noise=0.0)
+    return out
+  out.update(
+    num_experts=self.num_experts,
+    moe_intermediate_size=self.moe_intermediate_size,
+    norm_topk_prob=self.norm_topk_prob,
+    mlp_only_layers=list(self.mlp_only_layers),
+    decoder_sparse_step=self.decoder_sparse_step,
+  )
+  if self.architecture == 'Qwen2MoeForCausalLM':
+    if not self.shared_expert_intermediate_size:
+      raise UnsupportedModelError('every Qwen2-MoE block has a shared expert')
+    out['shared_expert_intermediate_size'] = (
+      self.shared_expert_intermediate_size
+    )
+  return out
+
+
+def _moe_fields(hf: Mapping[str, Any], arch: str) -> dict[str, Any]:
+  """The MoE fields of a HF config (empty for a dense architecture)."""
+  if arch not in MOE_ARCHITECTURES:
+    return {}
+  if float(hf.get('router_jitter_noise') or 0.0):
+    raise UnsupportedModelError('router_jitter_noise > 0 is not supported')
+  experts = hf.get('num_experts') or hf.get('num_local_experts')
+  fields: dict[str, Any] = dict(
+    num_experts=int(experts),
+    num_experts_per_tok=int(hf['num_experts_per_tok']),
+  )
+  if arch == 'MixtralForCausalLM':
+    fields.update(
+      moe_intermediate_size=hf['intermediate_size'], norm_topk_prob=True
+    )
+    return fields
+  fields.update(
+    moe_intermediate_size=int(hf['moe_intermediate_size']),
+    norm_topk_prob=bool(hf.get('norm_topk_prob', False)),
+    mlp_only_layers=tuple(hf.get('mlp_only_layers') or ()),
+    decoder_sparse_step=int(hf.get('decoder_sparse_step') or 1),
+  )
+  if arch == 'Qwen2MoeForCausalLM':
+    fields['shared_expert_intermediate_size'] = int(
+      hf.get('shared_expert_intermediate_size') or 0
+    )
+  return fields
 
 
 def _read_json_config(

@@ -75,6 +75,33 @@ _LAYER_PARAMS = {
   ('mlp', 'up_proj', 'kernel'): ('mlp.up_proj.weight', 1),
   ('mlp', 'down_proj', 'kernel'): ('mlp.down_proj.weight', 1),
 }
+# MoE layers ({moe}: the block's HF prefix, {e}: the expert; names per
+# family in _MOE_NAMES). Ours stack the experts: [E, D, F] / [E, F, D].
+_MOE_LAYER_PARAMS = {
+  ('mlp', 'router'): ('{moe}.gate.weight', 1),
+  ('mlp', 'gate_proj'): ('{moe}.experts.{e}.{gate}.weight', 1),
+  ('mlp', 'up_proj'): ('{moe}.experts.{e}.{up}.weight', 1),
+  ('mlp', 'down_proj'): ('{moe}.experts.{e}.{down}.weight', 1),
+  ('mlp', 'shared_expert', 'gate_proj', 'kernel'): (
+    'mlp.shared_expert.gate_proj.weight',
+    1,
+  ),
+  ('mlp', 'shared_expert', 'up_proj', 'kernel'): (
+    'mlp.shared_expert.up_proj.weight',
+    1,
+  ),
+  ('mlp', 'shared_expert', 'down_proj', 'kernel'): (
+    'mlp.shared_expert.down_proj.weight',
+    1,
+  ),
+  ('mlp', 'shared_gate', 'kernel'): ('mlp.shared_expert_gate.weight', 1),
+}
+_MOE_NAMES = {
+  'MixtralForCausalLM': dict(
+    moe='block_sparse_moe', gate='w1', up='w3', down='w2'
+  ),
+  'default': dict(moe='mlp', gate='gate_proj', up='up_proj', down='down_proj'),
+}
 # Present in some checkpoints, never needed (recomputed from the config).
 _IGNORED_SUFFIXES = ('rotary_emb.inv_freq',)
 
@@ -96,32 +123,42 @@ class WeightsMismatchError(ValueError):
 class _Entry(NamedTuple):
   path: tuple[Any, ...]  # param path in the NNX state
   var: nnx.Variable
-  names: list[tuple[int | None, str]]  # (layer index or None, HF name)
+  names: list[tuple[tuple[int, ...], str]]  # (index into the lead axes, name)
   layout: Layout
-  stacked: bool  # a scanned [L, ...] param: names[i] is its slice i
+  lead: int  # leading axes split into HF tensors: scanned [L], experts [E]
 
   @property
   def hf_shape(self) -> tuple[int, ...]:
-    shape = tuple(self.var.shape)
-    return _hf_shape(shape[1:] if self.stacked else shape, self.layout)
+    return _hf_shape(tuple(self.var.shape)[self.lead :], self.layout)
 
 
 def _param_entries(cfg: TransformerConfig, state: nnx.State) -> list[_Entry]:
   """Every param with its HF tensor name(s) and layout."""
   entries = []
+  fmt = _MOE_NAMES.get(cfg.architecture, _MOE_NAMES['default'])
   for path, var in nnx.to_flat_state(state):
     path = tuple(path)
     if path[0] != 'layers':
       name, layout = _GLOBAL_PARAMS[path]
-      entries.append(_Entry(path, var, [(None, name)], layout, False))
+      entries.append(_Entry(path, var, [((), name)], layout, 0))
       continue
     if cfg.scan_layers:
       key, layers = path[1:], range(cfg.num_layers)
     else:
       key, layers = path[2:], [path[1]]
-    suffix, layout = _LAYER_PARAMS[key]
-    names = [(i, f'model.layers.{i}.{suffix}') for i in layers]
-    entries.append(_Entry(path, var, names, layout, cfg.scan_layers))
+    scan = (0,) if cfg.scan_layers else ()
+    suffix, layout = _LAYER_PARAMS.get(key) or _MOE_LAYER_PARAMS[key]
+    experts = range(cfg.num_experts) if '{e}' in suffix else [None]
+    names = [
+      (
+        (i,) * bool(scan) + (() if e is None else (e,)),
+        f'model.layers.{i}.' + suffix.format(e=e, **fmt),
+      )
+      for i in layers
+      for e in experts
+    ]
+    lead = len(scan) + ('{e}' in suffix)
+    entries.append(_Entry(path, var, names, layout, lead))
   return entries
 
 
@@ -227,20 +264,21 @@ def _place(reader, name, shape, n_in, sharding, dtype) -> jax.Array:
 
 
 def _place_stacked(
-  reader, names, shape, n_in, sharding, layer_sharding, dtype
+  reader, names, shape, n_in, sharding, part_sharding, dtype, lead
 ) -> jax.Array:
-  """A scanned [L, ...] param, filled one layer at a time into a donated
-  on-device buffer (so neither host nor device holds two copies)."""
+  """A param stacked over `lead` axes (scanned layers [L], experts [E]),
+  filled one HF tensor at a time into a donated on-device buffer (so neither
+  host nor device holds two copies)."""
   buf = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)()
-  write = jax.jit(
-    lambda b, x, i: jax.lax.dynamic_update_index_in_dim(b, x, i, 0),
-    donate_argnums=0,
-    out_shardings=sharding,
-  )
-  for i, name in names:
-    buf = write(
-      buf, _place(reader, name, shape[1:], n_in, layer_sharding, dtype), i
-    )
+
+  def put(b, x, idx):
+    start = tuple(idx) + (0,) * (b.ndim - lead)
+    return jax.lax.dynamic_update_slice(b, x[(None,) * lead], start)
+
+  write = jax.jit(put, donate_argnums=0, out_shardings=sharding)
+  for idx, name in names:
+    part = _place(reader, name, shape[lead:], n_in, part_sharding, dtype)
+    buf = write(buf, part, jnp.asarray(idx, jnp.int32))
   return buf
 
 
@@ -279,17 +317,18 @@ def load_hf(
     reader = _Reader(path, stack)
     _check(reader, cfg, entries, path)
     values = {}
-    for p, var, names, n_in, stacked in entries:
+    for p, var, names, n_in, lead in entries:
       shape, dt = tuple(var.shape), cfg.param_dtype
       sharding = dev if mesh is None else shardings[p].get_value()
-      if not stacked:
+      if not lead:
         values[p] = _place(reader, names[0][1], shape, n_in, sharding, dt)
         continue
-      layer_sharding = sharding
+      part_sharding = sharding
       if isinstance(sharding, NamedSharding):
-        layer_sharding = NamedSharding(mesh, PartitionSpec(*sharding.spec[1:]))
+        spec = PartitionSpec(*sharding.spec[lead:])
+        part_sharding = NamedSharding(mesh, spec)
       values[p] = _place_stacked(
-        reader, names, shape, n_in, sharding, layer_sharding, dt
+        reader, names, shape, n_in, sharding, part_sharding, dt, lead
       )
   for p, var in nnx.to_flat_state(state):
     var.set_value(values[tuple(p)])
@@ -358,10 +397,10 @@ def save_hf(
     files.append((f'.tmp-{len(files):05d}.safetensors', list(shard)))
     shard, size = {}, 0
 
-  for _, var, names, n_in, stacked in _param_entries(cfg, state):
+  for _, var, names, n_in, _ in _param_entries(cfg, state):
     value = var.get_value()
-    for i, name in names:
-      x = value[i] if stacked else value
+    for idx, name in names:
+      x = value[idx] if idx else value
       x = _to_hf(_to_host(x).astype(dtype), n_in)
       if size and size + x.nbytes > max_shard_bytes:
         flush()

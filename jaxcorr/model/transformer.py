@@ -40,6 +40,7 @@ from jaxcorr.model.layers import (
   rope_frequencies,
   rope_tables,
 )
+from jaxcorr.model.moe import MoEDecoderLayer, RouterStats, stack_stats
 from jaxcorr.model.quantized_weights import embed_rows, project
 from jaxcorr.sharding import constrain
 
@@ -119,8 +120,12 @@ class Transformer(nnx.Module):
     if cfg.scan_layers:
       self.layers = _stacked_layers(cfg, rngs)
     else:
+      moe = set(cfg.moe_layers)
       self.layers = nnx.List(
-        [DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)]
+        [
+          (MoEDecoderLayer if i in moe else DecoderLayer)(cfg, rngs=rngs)
+          for i in range(cfg.num_layers)
+        ]
       )
     self.final_norm = RMSNorm(cfg.hidden_size, cfg)
     # Stored [V, D] like the embedding, so tied and untied share one path.
@@ -159,6 +164,32 @@ class Transformer(nnx.Module):
     the caller guarantees index + S <= attend_len (the rollout engine picks
     it from a few buckets covering the longest live row).
     """
+    h, cache, _ = self.routed_hidden_states(
+      tokens,
+      positions=positions,
+      segment_ids=segment_ids,
+      cache=cache,
+      attend_len=attend_len,
+    )
+    return h, cache
+
+  def routed_hidden_states(
+    self,
+    tokens: jax.Array,
+    *,
+    positions: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    cache: KVCache | None = None,
+    attend_len: int | None = None,
+    replay: jax.Array | None = None,
+    token_mask: jax.Array | None = None,
+  ) -> tuple[jax.Array, KVCache | None, RouterStats | None]:
+    """`hidden_states` plus the routing of the MoE layers (None if dense).
+
+    replay: [B, S, L_moe, k] int expert ids to route by (`jaxcorr.model.moe.NO_EXPERT`
+    rows route freely), or None; token_mask: [B, S] bool, the tokens the
+    load-balancing statistics count (default: all).
+    """
     cfg = self.config
     b, s = tokens.shape
     tokens = constrain(tokens, ('batch', 'seq'))
@@ -186,10 +217,11 @@ class Transformer(nnx.Module):
     )
     kv = None if cache is None else (cache.k, cache.v)
     index = None if cache is None else cache.index
-    x, kv = self._layers(x, rope, mask, kv, index, attend_len)
+    moe = (replay, token_mask)
+    x, kv, stats = self._layers(x, rope, mask, kv, index, attend_len, moe)
     if cache is not None:
       cache = cache.replace(k=kv[0], v=kv[1], index=cache.index + s)
-    return self.final_norm(x), cache
+    return self.final_norm(x), cache, stats
 
   def logits(self, hidden: jax.Array) -> jax.Array:
     """hidden [B, S, D] -> logits [B, S, V] float32 (fp32 accumulation).
@@ -240,34 +272,54 @@ class Transformer(nnx.Module):
 
   # ------------------------------------------------------------ layers
 
-  def _layers(self, x, rope, mask, kv, index, attend_len=None):
-    """Run every layer; kv is None or per-layer (k, v) tuples."""
+  def _layers(self, x, rope, mask, kv, index, attend_len=None, moe=None):
+    """Run every layer; kv is None or per-layer (k, v) tuples; moe is
+    (replay [B, S, L_moe, k] or None, token_mask or None). Returns
+    (x, kv, stacked routing of the MoE layers or None)."""
+    replay, token_mask = moe or (None, None)
     if kv is not None:
-      return self._cached_layers(x, rope, mask, kv, index, attend_len)
+      return self._cached_layers(
+        x, rope, mask, kv, index, attend_len, replay, token_mask
+      )
     policy = _REMAT_POLICY.get(self.config.remat)
 
-    def run(graphdef, state, x):
+    def run(graphdef, state, x, replay):
       layer = nnx.merge(graphdef, state)
-      return layer(x, rope, mask)[0]
+      out = _call_layer(
+        layer, x, rope, mask, None, None, None, replay, token_mask
+      )
+      return out[0], out[2]
 
     if self.config.scan_layers:
       graphdef, state = nnx.split(self.layers)
       step = run if policy is None else _checkpoint(run, policy)
+      per_layer = None if replay is None else jnp.moveaxis(replay, 2, 0)
 
-      def body(x, layer_state):
-        return step(graphdef, layer_state, x), None
+      def body(x, xs):
+        return step(graphdef, xs[0], x, xs[1])
 
-      x, _ = jax.lax.scan(body, x, state)
-      return x, None
+      x, stats = jax.lax.scan(body, x, (state, per_layer))
+      return x, None, _scanned_stats(stats)
+    stats, j = [], 0
     for layer in self.layers:
+      rep = None
+      if isinstance(layer, MoEDecoderLayer) and replay is not None:
+        rep = replay[:, :, j]
       if policy is None:
-        x, _ = layer(x, rope, mask)
+        x, _, st = _call_layer(
+          layer, x, rope, mask, None, None, None, rep, token_mask
+        )
       else:
         graphdef, state = nnx.split(layer)
-        x = _checkpoint(run, policy)(graphdef, state, x)
-    return x, None
+        x, st = _checkpoint(run, policy)(graphdef, state, x, rep)
+      if st is not None:
+        stats.append(st)
+        j += 1
+    return x, None, stack_stats(stats) if stats else None
 
-  def _cached_layers(self, x, rope, mask, kv, index, attend_len):
+  def _cached_layers(
+    self, x, rope, mask, kv, index, attend_len, replay=None, token_mask=None
+  ):
     """Decoding: an unrolled loop over layers, each with its own cache
     arrays, so every write lands in place (no remat: nothing to
     differentiate)."""
@@ -279,12 +331,38 @@ class Transformer(nnx.Module):
       ]
     else:
       layers = list(self.layers)
-    new_k, new_v = [], []
+    new_k, new_v, stats = [], [], []
     for layer, k, v in zip(layers, *kv):
-      x, (k, v) = layer(x, rope, mask, (k, v), index, attend_len)
+      rep = None
+      if isinstance(layer, MoEDecoderLayer) and replay is not None:
+        rep = replay[:, :, len(stats)]
+      x, (k, v), st = _call_layer(
+        layer, x, rope, mask, (k, v), index, attend_len, rep, token_mask
+      )
       new_k.append(k)
       new_v.append(v)
-    return x, (tuple(new_k), tuple(new_v))
+      if st is not None:
+        stats.append(st)
+    kv = (tuple(new_k), tuple(new_v))
+    return x, kv, stack_stats(stats) if stats else None
+
+
+def _call_layer(layer, x, rope, mask, kv, index, attend_len, replay, tmask):
+  """(x, cache, routing or None) from a dense or an MoE layer."""
+  if isinstance(layer, MoEDecoderLayer):
+    return layer(x, rope, mask, kv, index, attend_len, replay, tmask)
+  x, kv = layer(x, rope, mask, kv, index, attend_len)
+  return x, kv, None
+
+
+def _scanned_stats(stats: RouterStats | None) -> RouterStats | None:
+  """Scan stacks per-layer stats on axis 0; experts go to axis 2."""
+  if stats is None:
+    return None
+  return stats.replace(
+    experts=jnp.moveaxis(stats.experts, 0, 2),
+    natural=jnp.moveaxis(stats.natural, 0, 2),
+  )
 
 
 def _checkpoint(fn, policy):
@@ -298,6 +376,8 @@ def _stacked_layers(cfg: TransformerConfig, rngs: nnx.Rngs) -> DecoderLayer:
   @nnx.split_rngs(splits=cfg.num_layers)
   @nnx.vmap(in_axes=(0,), out_axes=0)
   def make(rngs: nnx.Rngs) -> DecoderLayer:
+    if cfg.num_experts:  # every layer is MoE (checked by the config)
+      return MoEDecoderLayer(cfg, rngs=rngs)
     return DecoderLayer(cfg, rngs=rngs)
 
   layers = make(rngs)

@@ -21,6 +21,12 @@
 `sample_rows` is the one place a token is drawn (prefill and decode both
 call it), so a per-token output such as the kept set goes there.
 
+An MoE policy also records its routing (docs/moe.md): prefill the experts
+of every prompt position (`Prefix.routing`), each step those of the token
+it feeds (`Chunk.routing`), from the same forward that samples, so each
+token's routing is that of the weights that computed it. Dense policies
+trace exactly the code they always did.
+
 Attention in a step covers the first `attend_len` cache slots only (a
 static bucket >= the longest live row): the seam where a ragged / paged
 attention kernel would go (docs/rollout.md).
@@ -38,6 +44,7 @@ from flax import nnx
 from jaxcorr import sampling
 from jaxcorr.model import KVCache
 from jaxcorr.model.logprobs import replay_logprobs
+from jaxcorr.model.moe import NO_EXPERT, routing_shape
 from jaxcorr.model.quantized_cache import QuantizedKV
 from jaxcorr.rollout import kept_set as kept_set_lib
 from jaxcorr.rollout.state import (
@@ -117,13 +124,16 @@ def prefill(
   cache = cache.replace(segment_ids=None)
   # Causal attention: the right padding after a prompt's last token changes
   # nothing before it, and decoding overwrites it from index = length on.
-  hidden, cache = model.hidden_states(tokens, cache=cache)
+  hidden, cache, stats = model.routed_hidden_states(tokens, cache=cache)
   last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)
   logits = model.logits(last)[:, 0]  # [R, V] float32
   step0 = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, 0)
   tok, lp, lpt, kept = sample_rows(step0, logits[source], sp, kept_capacity)
   cache = cache.replace(index=lengths)
-  return Prefix(cache, source, tok, lp, lpt, keys, sp, kept=kept)
+  routing = None if stats is None else stats.experts[source]
+  return Prefix(
+    cache, source, tok, lp, lpt, keys, sp, kept=kept, routing=routing
+  )
 
 
 def insert(prefix, state, slots, limit, stop_ids) -> DecodeState:
@@ -201,9 +211,10 @@ def step(graphdef, params, state, advance, attend_len=None, kept_capacity=0):
   step count and last token move on (others compute and are ignored).
 
   Returns (state, token [N], logp [N], logp_truncated [N], kept: a
-  `KeptSet` [N] or None, see `sample_rows`)."""
+  `KeptSet` [N] or None, see `sample_rows`, routing: the fed tokens'
+  experts [N, L_moe, k] or None for a dense policy)."""
   model = nnx.merge(graphdef, params)
-  hidden, cache = model.hidden_states(
+  hidden, cache, stats = model.routed_hidden_states(
     state.tokens[:, None], cache=state.cache, attend_len=attend_len
   )
   logits = model.logits(hidden)[:, 0]  # [N, V] float32
@@ -215,7 +226,8 @@ def step(graphdef, params, state, advance, attend_len=None, kept_capacity=0):
     tokens=jnp.where(advance, tok, state.tokens),
     steps=state.steps + step_on,
   )
-  return state, tok, lp, lpt, kept
+  routing = None if stats is None else stats.experts[:, 0]
+  return state, tok, lp, lpt, kept, routing
 
 
 def decode_chunk(
@@ -246,6 +258,11 @@ def decode_chunk(
       jnp.zeros((n, num_steps), jnp.int32),
       jnp.zeros((n, num_steps), bool),
     )
+  cfg = nnx.merge(graphdef, params).config
+  moe = routing_shape(cfg)
+  if moe is not None:
+    layers, k, _ = moe
+    buf += (jnp.full((n, num_steps, layers, k), NO_EXPERT, jnp.int32),)
 
   def cond(carry):
     state, _, c = carry
@@ -255,12 +272,14 @@ def decode_chunk(
   def body(carry):
     state, buf, c = carry
     live = state.active
-    state, tok, lp, lpt, kept = step(
+    state, tok, lp, lpt, kept, routing = step(
       graphdef, params, state, live, attend_len, kept_capacity
     )
     new = (tok, lp, lpt)
     if kept is not None:
       new += (kept.ids, kept.count, kept.capped)
+    if routing is not None:
+      new += (jnp.where(live[:, None, None], routing, NO_EXPERT),)
     buf = tuple(
       jax.lax.dynamic_update_index_in_dim(b, x, c, axis=1)
       for b, x in zip(buf, new)
@@ -273,9 +292,15 @@ def decode_chunk(
   # A slot is live for a prefix of the chunk's steps: its count is how many
   # steps it advanced.
   counts = state.steps - steps0
-  kept = kept_set_lib.KeptSet(*buf[3:]) if kept_capacity else None
+  kept = kept_set_lib.KeptSet(*buf[3:6]) if kept_capacity else None
+  routing = buf[-1] if moe is not None else None
   return state, Chunk(
-    *buf[:3], counts=counts, active=state.active, steps=c, kept=kept
+    *buf[:3],
+    counts=counts,
+    active=state.active,
+    steps=c,
+    kept=kept,
+    routing=routing,
   )
 
 
@@ -286,7 +311,7 @@ def generate(
   validity, the step count and both log-probs (bitcast to int32) in one
   `LogProbResultTokens` array (one host copy)."""
   advance = jnp.ones_like(state.active)
-  state, tok, lp, lpt, _ = step(graphdef, params, state, advance)
+  state, tok, lp, lpt, _, _ = step(graphdef, params, state, advance)
   n = tok.shape[0]
   bits = jax.lax.bitcast_convert_type(jnp.stack([lp, lpt], 1), jnp.int32)
   data = jnp.concatenate(

@@ -68,11 +68,18 @@ class Request:
     self.logp_truncated: list[float] = []
     self.versions: list[int] = []
     self.kept: list[tuple] = []  # (ids [n, C], count [n], capped [n])
+    # MoE policies: the prompt's experts [len(prompt), L_moe, k], then the
+    # experts of each fed response token (all but the newest).
+    self.prompt_routing: np.ndarray | None = None
+    self.routing: list[np.ndarray] = []
     self.finish = FinishReason.LENGTH
 
-  def add(self, tokens, logp, logp_t, version, kept=None) -> None:
+  def add(self, tokens, logp, logp_t, version, kept=None, routing=None):
     """Append sampled tokens (host arrays of one length; kept: their
-    `KeptSet` or None)."""
+    `KeptSet` or None; routing: the experts of the tokens the same steps
+    fed, [n, L_moe, k], or None)."""
+    if routing is not None:
+      self.routing.append(routing)
     if kept is not None:
       self.kept.append((kept.ids, kept.count, kept.capped))
     self.tokens.extend(np.asarray(tokens).tolist())
@@ -152,6 +159,8 @@ class Decoder:
     out, first = jax.device_get((out, first))  # the one sync per chunk
     for m, (_, req) in enumerate(admitted):
       sl = slice(m, m + 1)
+      if first.routing is not None:
+        req.prompt_routing = first.routing[m, : len(req.prompt)]
       req.add(
         first.token[sl], first.logp[sl], first.logp_truncated[sl], version,
         _rows(first.kept, sl),
@@ -165,6 +174,7 @@ class Decoder:
         out.tokens[slot, :k], out.logp[slot, :k],
         out.logp_truncated[slot, :k], version,
         _rows(out.kept, (slot, slice(0, k))),
+        None if out.routing is None else out.routing[slot, :k],
       )  # fmt: skip
       if not out.active[slot]:
         if req.tokens[-1] in self.stop:

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from jaxcorr.model.moe import routing_shape
 from jaxcorr.rollout.decoder import Decoder, Request
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.state import SamplingParams
@@ -137,6 +138,7 @@ def to_batch(
   cfg = engine.config
   return RolloutBatch(
     **_kept_fields(done, b, t, engine.kept_set_capacity),
+    **_routing_fields(done, b, p, t, routing_shape(engine.config)),
     prompt_tokens=prompt_tokens,
     prompt_mask=prompt_mask,
     response_tokens=response,
@@ -156,6 +158,23 @@ def to_batch(
     param_dtype=str(np.dtype(cfg.param_dtype)),
     kv_cache_dtype=str(np.dtype(cfg.dtype)),
   )
+
+
+def _routing_fields(done, b, p, t, moe) -> dict:
+  """`routed_experts` [B, P + T, L_moe, k] (docs/moe.md): the prompt's
+  routing left-padded like its tokens, then the fed response tokens'; -1
+  elsewhere (padding and each row's newest token). Empty for dense."""
+  if moe is None:
+    return {}
+  layers, k, _ = moe
+  out = np.full((b, p + t, layers, k), -1, np.int32)
+  for r in done:
+    q = len(r.prompt)
+    out[r.row, p - q : p] = r.prompt_routing
+    if r.routing:
+      fed = np.concatenate(r.routing)[: max(len(r.tokens) - 1, 0)]
+      out[r.row, p : p + len(fed)] = fed
+  return {'routed_experts': out}
 
 
 def _kept_fields(done, b, t, c) -> dict:

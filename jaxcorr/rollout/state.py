@@ -57,6 +57,8 @@ class Prefix:
   # KeptSet of [M] tokens (rollout/kept_set.py), only with a kept-set
   # capacity (logprob_mode='replay').
   kept: KeptSet | None = None
+  # MoE policies: the experts of every prompt position (docs/moe.md).
+  routing: jax.Array | None = None  # int32 [M, Pb, L_moe, k]
 
 
 @flax.struct.dataclass
@@ -95,6 +97,9 @@ class Chunk:
   active: jax.Array  # bool [N], after the chunk
   steps: jax.Array  # int32 []: decode steps run
   kept: KeptSet | None = None  # [N, C] tokens' kept sets (replay only)
+  # MoE policies: the experts of the token each step fed (the one sampled
+  # the step before), -1 past a slot's count (docs/moe.md).
+  routing: jax.Array | None = None  # int32 [N, C, L_moe, k]
 
 
 @flax.struct.dataclass

@@ -56,6 +56,10 @@ class RolloutBatch:
   kept_ids: jax.Array | None = None  # [B, T, C] int32
   kept_count: jax.Array | None = None  # [B, T] int32
   kept_capped: jax.Array | None = None  # [B, T] bool
+  # MoE policies (docs/moe.md): the experts each MoE layer chose for every
+  # token the engine fed (prompt then response, the trainer's P + T layout),
+  # -1 where none (padding, the last sampled token); None for dense models.
+  routed_experts: jax.Array | None = None  # [B, P + T, L_moe, k] int32
   # Logging only.
   engine_name: str = flax.struct.field(pytree_node=False, default='')
   param_dtype: str = flax.struct.field(pytree_node=False, default='')

@@ -35,6 +35,9 @@ class ValidationConfig:
   max_capped_fraction: float = 0.01
   allow_nonfinite_logp: bool = False
   trainer_version: int | None = None  # None: no upper bound check
+  # MoE policy: (L_moe, k, E) of its routing; None for a dense policy.
+  routing: tuple[int, int, int] | None = None
+  needs_routing: bool = False  # moe.router_replay='rollout'
 
   @property
   def truncation(self) -> bool:
@@ -102,6 +105,47 @@ def validate_rollout_batch(batch: RolloutBatch, cfg: ValidationConfig):
   # 9. Replay: the engine's kept sets (rollout/kept_set.py).
   if cfg.logprob_mode == 'replay':
     _check_replay(batch, cfg, a['response_tokens'], mask)
+  # 10. MoE routing (docs/moe.md).
+  if cfg.routing is not None and (
+    cfg.needs_routing or batch.routed_experts is not None
+  ):
+    real = np.concatenate([a['prompt_mask'], a['context_mask']], 1)
+    validate_routing(batch.routed_experts, real, cfg.routing)
+
+
+def validate_routing(
+  routed: np.ndarray | None, real: np.ndarray, routing: tuple[int, int, int]
+) -> None:
+  """`RolloutBatch.routed_experts` [B, P + T, L_moe, k] int32: ids in
+  [0, E), distinct per (token, layer), on every real position but each
+  row's last; -1 everywhere else."""
+  layers, k, e = routing
+  if routed is None:
+    raise ValueError(
+      "RolloutBatch.routed_experts: missing (rule: moe.router_replay='rollout' "
+      'replays the routing the engine records for MoE policies)'
+    )
+  b, s = real.shape
+  x = _check_shape('routed_experts', routed, (b, s, layers, k), np.int32)
+  _fail(
+    'routed_experts', ((x < -1) | (x >= e)).any((1, 2, 3)), f'ids in [-1, {e})'
+  )
+  last = s - 1 - np.argmax(real[:, ::-1], axis=1)
+  fed = real & (np.arange(s)[None] != last[:, None])
+  unset = (x == -1).all(-1)  # [B, S, L]
+  _fail(
+    'routed_experts',
+    (fed[..., None] & (x < 0).any(-1)).any((1, 2)),
+    'every fed token (real, not the last) has k experts in every MoE layer',
+  )
+  _fail(
+    'routed_experts',
+    (~real[..., None] & ~unset).any((1, 2)),
+    '-1 on padding positions',
+  )
+  srt = np.sort(x, -1)
+  dup = (srt[..., 1:] == srt[..., :-1]) & (srt[..., 1:] >= 0)
+  _fail('routed_experts', dup.any((1, 2, 3)), 'k distinct experts per layer')
 
 
 def _check_masks(a: dict[str, np.ndarray], pad: np.ndarray) -> None:

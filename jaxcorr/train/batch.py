@@ -76,6 +76,10 @@ class TrainBatch:
   kept_count: Array | None = None  # [B, T] int32
   # Trainer version − the token's policy version, 0 off the mask.
   version_gap: Array | None = None  # [B, T] int32
+  # MoE routing replay (docs/moe.md), -1 (model.moe.NO_EXPERT) where none: the
+  # engine's (R3) and the trainer's π_old pass's (R2, filled by prepare).
+  routed_experts: Array | None = None  # [B, P + T, L_moe, k] int32
+  old_experts: Array | None = None  # [B, P + T, L_moe, k] int32
 
   @property
   def rows(self) -> int:
@@ -102,7 +106,10 @@ _TRAINING_FIELDS = (
   'returns',
   'corr_weights',
   'corr_mask',
+  'old_experts',
 )
+# Fields whose padding value is not 0 (0 is a valid expert id).
+_FILLED_ON_PAD = {'routed_experts': -1, 'old_experts': -1}
 # Padding rows repeat row 0's sampling parameters: a padding row must still
 # be a valid row for the truncated-support rule.
 _REPEATED_ON_PAD = ('temperature', 'top_k', 'top_p', 'min_p')
@@ -175,6 +182,7 @@ def assemble(
       'kept_count': np.where(mask, batch.kept_count, 0),
     }
     kept_sets = {k: v.astype(np.int32) for k, v in kept_sets.items()}
+  routing = {}
   name = 'rollout_logp'
   if logprob_mode in ('truncated', 'replay'):
     name = 'rollout_logp_truncated'
@@ -191,6 +199,11 @@ def assemble(
   ).astype(np.int32)
   real = np.concatenate([np.asarray(batch.prompt_mask, bool), ctx], 1)
   tokens = np.where(real, tokens, 0)
+  if batch.routed_experts is not None:
+    routed = np.asarray(batch.routed_experts)
+    routing['routed_experts'] = np.where(
+      real[..., None, None], routed, -1
+    ).astype(np.int32)
   out = TrainBatch(
     tokens=tokens,
     segment_ids=real.astype(np.int32),
@@ -206,6 +219,7 @@ def assemble(
       mask, staleness_lib.token_gap(batch, trainer_version), 0
     ).astype(np.int32),
     **kept_sets,
+    **routing,
   )
   return pad_rows(out, padded_size(batch.batch_size, row_multiple))
 
@@ -232,7 +246,9 @@ def pad_rows(batch: Batch, rows: int) -> Batch:
     if name in _REPEATED_ON_PAD:
       fill = np.broadcast_to(x[:1], (extra, *x.shape[1:]))
     else:
-      fill = np.zeros((extra, *x.shape[1:]), x.dtype)
+      fill = np.full(
+        (extra, *x.shape[1:]), _FILLED_ON_PAD.get(name, 0), x.dtype
+      )
     out[name] = np.concatenate([x, fill], 0)
   return batch.replace(**out)
 

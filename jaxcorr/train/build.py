@@ -49,6 +49,7 @@ from jaxcorr.train.evals.config import EvalConfig
 from jaxcorr.train.policy import ModelConfig
 from jaxcorr.train.rollouts.config import RolloutConfig
 from jaxcorr.train.rollouts.weights import quant_spec
+from jaxcorr.train.routing.config import MoEConfig
 from jaxcorr.train.run_config import AlgorithmConfig, RunConfig, TrainConfig
 from jaxcorr.train.state import OptimConfig
 from jaxcorr.train.tracker import sinks
@@ -65,6 +66,7 @@ SECTIONS: dict[str, type] = {
   'eval': EvalConfig,
   'agent': AgentConfig,
   'lora': LoraConfig,
+  'moe': MoEConfig,
 }
 """The trainer sections that map one ConfigDict section to one dataclass
 (`correction`, `actor` and `algorithm` are assembled below)."""
@@ -162,6 +164,26 @@ def check_startup(
     )
 
 
+def _check_moe(run: RunConfig) -> None:
+  """R2 needs a π_old pass; the balance terms need global normalisers."""
+  moe = run.moe
+  if moe.router_replay == 'old' and not run.decoupled:
+    fields.fail(
+      'config.moe.router_replay',
+      'old',
+      "'none' or 'rollout' with bypass correction (R2 replays the routing "
+      "of the trainer's pi_old pass, which bypass mode does not run)",
+    )
+  if (moe.aux_loss_coef or moe.z_loss_coef) and not run.decoupled:
+    fields.fail(
+      'config.moe.aux_loss_coef',
+      moe.aux_loss_coef,
+      '0 (and z_loss_coef 0) with bypass correction: its loss is divided '
+      'by the corrected token count at the end, which would rescale the '
+      'balance terms; use correction.mode=decoupled',
+    )
+
+
 def check_combinations(run: RunConfig) -> None:
   """Cross-section rules (no device needed)."""
   r, t = run.rollout, run.train
@@ -184,6 +206,7 @@ def check_combinations(run: RunConfig) -> None:
       t.micro_batches,
       f'at most batch/mini_batches = {r.batch_size // t.mini_batches}',
     )
+  _check_moe(run)
   estimator = run.algorithm.advantage.estimator
   if estimator == 'gae' and not run.critic.enabled:
     fail(
@@ -212,15 +235,7 @@ def check_combinations(run: RunConfig) -> None:
       '(the policy loss and the entropy/KL terms would need different '
       'global divisors)',
     )
-  if t.packing and r.logprob_mode != 'full':
-    fail(
-      'config.rollout.logprob_mode',
-      r.logprob_mode,
-      "'full' with train.packing=True (the truncated and replay log-probs "
-      'read unpacked rows)',
-    )
-  if t.packing and run.critic.enabled:
-    fail('config.train.packing', True, 'False with critic.enabled=True')
+  check_packing(run)
   check_agent(run)
   check_lora(run)
   check_precision(run)
@@ -256,6 +271,30 @@ def check_agent(run: RunConfig) -> None:
     )
 
 
+def check_packing(run: RunConfig) -> None:
+  """`train.packing` with what the packed forward supports (full log-probs
+  of a dense policy, no critic; docs/training.md)."""
+  if not run.train.packing:
+    return
+  r = run.rollout
+  if r.logprob_mode != 'full':
+    fields.fail(
+      'config.rollout.logprob_mode',
+      r.logprob_mode,
+      "'full' with train.packing=True (the truncated and replay log-probs "
+      'read unpacked rows)',
+    )
+  if run.critic.enabled:
+    fields.fail('config.train.packing', True, 'False with critic.enabled=True')
+  if run.model.num_experts:
+    fields.fail(
+      'config.train.packing',
+      True,
+      'False with an MoE model (model.num_experts > 0)',
+      'the packed forward does not replay routing yet',
+    )
+
+
 def check_lora(run: RunConfig) -> None:
   """A LoRA policy (`config.lora`) with what its adapter-only training and
   sync support (docs/lora.md)."""
@@ -282,6 +321,13 @@ def check_lora(run: RunConfig) -> None:
       r.quantization,
       "'none' with config.lora.rank > 0",
       'the LoRA engine merges adapters into full-precision weights',
+    )
+  if run.model.num_experts:
+    fields.fail(
+      'config.lora.rank',
+      run.lora.rank,
+      '0 with an MoE model (model.num_experts > 0)',
+      'adapters on stacked experts are not built yet (docs/lora.md)',
     )
 
 

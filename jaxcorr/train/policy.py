@@ -86,6 +86,25 @@ class ModelConfig:
     128, _POS, 'Positions per chunk of the chunked log-prob computation.'
   )
   init_seed: int = setting(0, _NAT, 'Seed of the random init.')
+  # A scratch model is a plain decoder (no biases, no q/k norm): Llama, or
+  # Mixtral's mixture of experts (docs/moe.md); HF checkpoints bring their own.
+  architecture: str = setting(
+    'LlamaForCausalLM',
+    one_of('LlamaForCausalLM', 'MixtralForCausalLM'),
+    'Scratch model: the HF family (Mixtral: every MLP is an MoE block).',
+  )
+  num_experts: int = setting(
+    0, _NAT, 'Scratch MoE model: experts per layer (0 for Llama).'
+  )
+  num_experts_per_tok: int = setting(
+    0, _NAT, 'Scratch MoE model: experts each token is routed to (top-k).'
+  )
+  moe_dispatch: str = setting(
+    'grouped',
+    one_of('grouped', 'dense'),
+    "MoE dispatch: 'grouped' (ragged_dot over tokens sorted by expert) or "
+    "'dense' (every expert on every token: the test reference).",
+  )
 
   def __post_init__(self):
     validate(self)
@@ -108,9 +127,10 @@ def transformer_config(model: ModelConfig) -> TransformerConfig:
   if model.hf_path:
     return TransformerConfig.from_hf_config(model.hf_path, **_hf_options(model))
   shared = TransformerConfig.__dataclass_fields__
-  return TransformerConfig(
-    **{k: v for k, v in vars(model).items() if k in shared}
-  )
+  fields = {k: v for k, v in vars(model).items() if k in shared}
+  if model.num_experts:  # Mixtral: one MLP width, every layer MoE
+    fields['moe_intermediate_size'] = model.intermediate_size
+  return TransformerConfig(**fields)
 
 
 @dataclasses.dataclass

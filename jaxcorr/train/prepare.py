@@ -4,7 +4,8 @@ that is computed once on the global batch, before it is split.
     old log-probs   decoupled mode: the trainer's forward pass with the
                     pre-update params (bypass: π_old is μ, skipped; with
                     rollout.matched_precision the engine's quantized
-                    weights, dequantized)
+                    weights, dequantized); with
+                    `moe.router_replay='old'` also its routing (R2)
     ref log-probs   when a reference KL is configured
     values          the critic's, when it is enabled
     rewards         the sequence reward on the last response token, minus
@@ -70,12 +71,21 @@ def prepare(
   def values(p, rows):
     return scoring.critic_values(critic_graphdef, p, rows)
 
+  def routed_logp(p, rows):
+    out, stats = scoring.response_logp(run, graphdef, p, rows, routing=True)
+    return out, stats.experts
+
   b = batch.rows
   if run.decoupled:
     old = params
     if run.rollout.matched_precision:  # the engine's quantized weights
       old = matched_params(run, graphdef, params)
-    batch = batch.replace(old_logp=policy_logp(old))
+    if run.moe.router_replay == 'old':
+      # R2: π_old's own routing, replayed by every update micro-batch.
+      old_logp, experts = scoring.in_chunks(routed_logp, old, batch, chunks)
+      batch = batch.replace(old_logp=sg(old_logp), old_experts=experts)
+    else:
+      batch = batch.replace(old_logp=policy_logp(old))
   if run.needs_ref:
     batch = batch.replace(ref_logp=policy_logp(ref_params))
   if run.critic.enabled:

@@ -109,6 +109,8 @@ class RLStep:
       logprob_mode=r.logprob_mode,
       allow_nonfinite_logp=r.allow_nonfinite_logp,
       trainer_version=trainer_version,
+      routing=self.steps.routing,
+      needs_routing=self.run.moe.router_replay == 'rollout',
     )
 
   def host_metrics(self, scored: Scored, step: int) -> Metrics:

@@ -47,6 +47,7 @@ from jaxcorr.train.critic import CriticConfig
 from jaxcorr.train.evals.config import EvalConfig
 from jaxcorr.train.policy import ModelConfig
 from jaxcorr.train.rollouts.config import RolloutConfig
+from jaxcorr.train.routing.config import MoEConfig
 from jaxcorr.train.state import OptimConfig
 from jaxcorr.train.tracker import profile, sinks
 
@@ -176,6 +177,7 @@ class RunConfig:
   eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
   agent: AgentConfig = dataclasses.field(default_factory=AgentConfig)
   lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+  moe: MoEConfig = dataclasses.field(default_factory=MoEConfig)
 
   @property
   def needs_ref(self) -> bool:

@@ -63,13 +63,27 @@ def response_logp(
   *,
   entropy: bool = False,
   dropout_key: jax.Array | None = None,
+  routing: bool = False,
 ) -> Any:
   """log π(response token t) `[B, T]` (and the entropy `[B, T]`) under
   `rollout.logprob_mode`; `dropout_key` switches LoRA dropout on (the
-  update's forward only)."""
+  update's forward only); with `routing`, also the MoE layers'
+  `RouterStats` (None for a dense policy) as a last element.
+
+  An MoE policy routes by `replay_experts(run, batch)` (`moe.router_replay`)
+  and counts every real token in its balance statistics.
+  """
   model = nnx.merge(graphdef, params)
   if dropout_key is not None:
     enable_dropout(model, dropout_key)
+  if model.config.num_experts:
+    out, stats = _moe_logp(run, model, batch, entropy)
+    return (out, stats) if routing else out
+  if routing:
+    out = response_logp(
+      run, graphdef, params, batch, entropy=entropy, dropout_key=dropout_key
+    )
+    return out, None
   if run.rollout.logprob_mode == 'truncated':
     return _truncated_logp(model, batch, entropy)
   if run.rollout.logprob_mode == 'replay':
@@ -142,6 +156,51 @@ def _replay_logp(model: Any, batch: TrainBatch, entropy: bool, chunk: int):
   if entropy:
     return at_response(out[0], batch), at_response(out[1], batch)
   return at_response(out, batch)
+
+
+def replay_experts(run: RunConfig, batch: TrainBatch) -> jax.Array | None:
+  """The routing an MoE forward replays, `[B, P + T, L_moe, k]` or None:
+  the engine's (`'rollout'`, R3), π_old's once prepare has filled it
+  (`'old'`, R2), or none."""
+  mode = run.moe.router_replay
+  if mode == 'rollout':
+    if batch.routed_experts is None:
+      raise ValueError(
+        "moe.router_replay='rollout' but the batch has no routed_experts: "
+        'the rollout engine must record routing (it does for MoE policies)'
+      )
+    return batch.routed_experts
+  return batch.old_experts if mode == 'old' else None
+
+
+def _moe_logp(run: RunConfig, model: Any, batch: TrainBatch, entropy: bool):
+  """The default log-prob path of an MoE policy, with its routing."""
+  if run.rollout.logprob_mode != 'full':
+    raise ValueError(
+      f'rollout.logprob_mode={run.rollout.logprob_mode!r} with an MoE '
+      "policy: only 'full' is implemented for MoE (docs/moe.md)"
+    )
+  hidden, _, stats = model.routed_hidden_states(
+    batch.tokens,
+    segment_ids=batch.segment_ids,
+    replay=replay_experts(run, batch),
+    token_mask=batch.segment_ids != 0,
+  )
+  cfg = model.config
+  out = logprobs_from_hidden(
+    hidden[:, :-1],
+    model.head_weight(),
+    batch.tokens[:, 1:],
+    temperature=batch.temperature,
+    chunk_size=run.model.logprob_chunk,
+    return_entropy=entropy,
+    dtype=cfg.dtype,
+    precision=matmul_precision(cfg),
+    real_vocab_size=cfg.real_vocab_size,
+  )
+  if entropy:
+    return (at_response(out[0], batch), at_response(out[1], batch)), stats
+  return at_response(out, batch), stats
 
 
 def critic_values(graphdef: Any, params: Any, batch: TrainBatch) -> jax.Array:

@@ -22,6 +22,7 @@ from jaxcorr.data import prompts as data
 from jaxcorr.data.tasks import Example
 from jaxcorr.losses import rewards
 from jaxcorr.model.lora import split_adapter
+from jaxcorr.model.moe import routing_shape
 from jaxcorr.train import run_config as run_lib
 from jaxcorr.train.critic import ValueModel
 from jaxcorr.train.policy import Policy
@@ -143,6 +144,7 @@ def build_learner(
     critic_graphdef=critic_graphdef,
     critic_tx=critic_tx,
     state_shardings=jax.tree.map(lambda x: x.sharding, state),
+    routing=routing_shape(policy.config),
   )
   return state, steps
 

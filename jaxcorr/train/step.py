@@ -39,6 +39,7 @@ from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.packing import forward as packed_forward
 from jaxcorr.train.packing.layout import PackedRows
 from jaxcorr.train.prepare import gap_arguments, prepare
+from jaxcorr.train.routing import metrics as routing_metrics
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.state import TrainState, apply_updates
 from jaxcorr.train.tracker import diagnostics, reduction
@@ -70,6 +71,8 @@ class Steps:
     state_shardings: a `TrainState` of shardings: where updated params
       must live (the shardings they were created with); None leaves it to
       XLA.
+    routing: an MoE policy's (L_moe, k, E) (`moe.routing_shape`); None
+      for a dense policy.
   """
 
   def __init__(
@@ -82,8 +85,9 @@ class Steps:
     critic_graphdef: Any = None,
     critic_tx: optax.GradientTransformation | None = None,
     state_shardings: Any = None,
+    routing: tuple[int, int, int] | None = None,
   ):
-    self.run = run
+    self.run, self.routing = run, routing
     self.graphdef = graphdef
     self.tx = tx
     self.schedule = schedule
@@ -150,14 +154,8 @@ class Steps:
     corr = run.losses.correction
     if frozen is not None:  # LoRA: differentiate the adapters only
       params = nnx.merge_state(frozen, params)
-    logp, ent = packed_forward.policy_logp(
-      run,
-      self.graphdef,
-      params,
-      mic,
-      micro,
-      entropy=True,
-      dropout_key=jax.random.fold_in(key, 7) if run.lora.dropout else None,
+    (logp, ent), routing = _update_forward(
+      run, self.graphdef, params, mic, micro, key
     )
     correction, gap, gap_weights = None, {}, {}
     if run.decoupled and corr is not None:
@@ -186,6 +184,11 @@ class Steps:
       **gap,
       seq_reward=mic.seq_reward,
     )
+    if routing is not None:
+      term, met = routing_metrics.step_terms(routing, mic, counts, run.moe)
+      loss, metrics = loss + term, dict(metrics, **met)
+      tokens = jnp.sum(mic.segment_ids != 0, dtype=jnp.float32)
+      gap_weights = dict(gap_weights, **dict.fromkeys(met, tokens))
     return loss, (metrics, gap_weights)
 
   def _critic_loss(self, critic_params, mic: TrainBatch, counts):
@@ -329,6 +332,22 @@ class Steps:
     if light:
       metrics = diagnostics.light(metrics)
     return state.replace(rng=rng, frozen=frozen), metrics
+
+
+def _update_forward(run, graphdef, params, mic: TrainBatch, micro, key):
+  """The update's forward of one micro-batch: ((log-probs, entropy)
+  `[rows, T]`, the MoE layers' `RouterStats` or None), with LoRA dropout
+  when `lora.dropout` is set; with packing (`micro`, dense policies only)
+  over its packed rows."""
+  dropout = jax.random.fold_in(key, 7) if run.lora.dropout else None
+  if micro is not None:
+    out = packed_forward.policy_logp(
+      run, graphdef, params, mic, micro, entropy=True, dropout_key=dropout
+    )
+    return out, None
+  return scoring.response_logp(
+    run, graphdef, params, mic, entropy=True, routing=True, dropout_key=dropout
+  )
 
 
 def update_order(t: Any, rows: int, key: jax.Array, packed: bool):

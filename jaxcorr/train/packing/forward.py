@@ -49,6 +49,11 @@ def response_logp(
   leading axes), `logprob_mode='full'`; `dropout_key` as in
   `jaxcorr.train.scoring.response_logp`."""
   model = nnx.merge(graphdef, params)
+  if model.config.num_experts:  # an HF MoE checkpoint (config: build.py)
+    raise ValueError(
+      'config.train.packing=True needs a dense policy: the packed forward '
+      'does not replay MoE routing yet; set config.train.packing=False'
+    )
   if dropout_key is not None:
     enable_dropout(model, dropout_key)
   tokens = micro.tokens

@@ -1,0 +1,2 @@
+"""Mixture-of-experts training: the `moe` section (router replay, the
+balance-loss coefficients) and the routing metrics (docs/moe.md)."""
