@@ -147,50 +147,6 @@ class Steps:
 
   # ------------------------------------------------------------- update
 
-  def _actor_loss(
-    self, params, mic: TrainBatch, counts, key, micro=None, frozen=None
-  ):
-    run = self.run
-    corr = run.losses.correction
-    if frozen is not None:  # LoRA: differentiate the adapters only
-      params = nnx.merge_state(frozen, params)
-    (logp, ent), routing = _update_forward(
-      run, self.graphdef, params, mic, micro, key
-    )
-    correction, gap, gap_weights = None, {}, {}
-    if run.decoupled and corr is not None:
-      correction = corr_lib.Correction(mic.corr_weights, mic.corr_mask, {})
-    elif not run.decoupled:
-      gap = gap_arguments(run, mic.version_gap)
-    if gap:
-      gap_weights = corr_lib.gap_metric_weights(
-        jax.lax.stop_gradient(logp), mic.rollout_logp, mic.response_mask, **gap
-      )
-    loss, metrics = objective.actor_objective(
-      run.losses.actor,
-      corr,
-      logp=logp,
-      advantages=mic.advantages,
-      mask=mic.response_mask,
-      old_logp=mic.old_logp if run.decoupled else None,
-      rollout_logp=mic.rollout_logp,
-      ref_logp=mic.ref_logp,
-      entropy=ent,
-      correction=correction,
-      num_tokens=counts[0],
-      num_seqs=counts[1],
-      norm=run.rollout.max_new_tokens,
-      key=key,
-      **gap,
-      seq_reward=mic.seq_reward,
-    )
-    if routing is not None:
-      term, met = routing_metrics.step_terms(routing, mic, counts, run.moe)
-      loss, metrics = loss + term, dict(metrics, **met)
-      tokens = jnp.sum(mic.segment_ids != 0, dtype=jnp.float32)
-      gap_weights = dict(gap_weights, **dict.fromkeys(met, tokens))
-    return loss, (metrics, gap_weights)
-
   def _critic_loss(self, critic_params, mic: TrainBatch, counts):
     v = scoring.critic_values(self.critic_graphdef, critic_params, mic)
     return value.value_loss(
@@ -214,7 +170,8 @@ class Steps:
     micro = None
     if isinstance(mic, PackedRows):
       micro, mic = mic, packed_forward.micro_view(mb, mic.member)
-    actor_grad = jax.value_and_grad(self._actor_loss, has_aux=True)
+    actor_loss = functools.partial(_actor_loss, self.run, self.graphdef)
+    actor_grad = jax.value_and_grad(actor_loss, has_aux=True)
     (loss, (met, gap_weights)), g = actor_grad(
       state.params,
       mic,
@@ -332,6 +289,58 @@ class Steps:
     if light:
       metrics = diagnostics.light(metrics)
     return state.replace(rng=rng, frozen=frozen), metrics
+
+
+def _actor_loss(
+  run: RunConfig,
+  graphdef: Any,
+  params,
+  mic: TrainBatch,
+  counts,
+  key,
+  micro=None,
+  frozen=None,
+):
+  """The actor objective of one micro-batch (`jaxcorr.losses.objective`)
+  with the MoE balance terms: (loss, (metrics, bypass gap-metric
+  weights))."""
+  corr = run.losses.correction
+  if frozen is not None:  # LoRA: differentiate the adapters only
+    params = nnx.merge_state(frozen, params)
+  (logp, ent), routing = _update_forward(run, graphdef, params, mic, micro, key)
+  correction, gap, gap_weights = None, {}, {}
+  if run.decoupled and corr is not None:
+    correction = corr_lib.Correction(mic.corr_weights, mic.corr_mask, {})
+  elif not run.decoupled:
+    gap = gap_arguments(run, mic.version_gap)
+  if gap:
+    gap_weights = corr_lib.gap_metric_weights(
+      jax.lax.stop_gradient(logp), mic.rollout_logp, mic.response_mask, **gap
+    )
+  loss, metrics = objective.actor_objective(
+    run.losses.actor,
+    corr,
+    logp=logp,
+    advantages=mic.advantages,
+    mask=mic.response_mask,
+    old_logp=mic.old_logp if run.decoupled else None,
+    rollout_logp=mic.rollout_logp,
+    ref_logp=mic.ref_logp,
+    entropy=ent,
+    correction=correction,
+    num_tokens=counts[0],
+    num_seqs=counts[1],
+    norm=run.rollout.max_new_tokens,
+    key=key,
+    **gap,
+    seq_reward=mic.seq_reward,
+  )
+  if routing is not None:
+    term, met = routing_metrics.step_terms(routing, mic, counts, run.moe)
+    loss, metrics = loss + term, dict(metrics, **met)
+    tokens = jnp.sum(mic.segment_ids != 0, dtype=jnp.float32)
+    gap_weights = dict(gap_weights, **dict.fromkeys(met, tokens))
+  return loss, (metrics, gap_weights)
 
 
 def _update_forward(run, graphdef, params, mic: TrainBatch, micro, key):
