@@ -11,9 +11,8 @@ import sys
 
 import pytest
 
-from jaxcorr import evaluate
 from jaxcorr.train.checkpoints import workdir as workdir_lib
-from jaxcorr.train.evals import samples_log
+from jaxcorr.train.evals import checkpoint, samples_log
 from jaxcorr.train.loop import Trainer
 from jaxcorr.train.tracker import metrics
 from tests.helpers.trainer_config import pulse_config
@@ -31,7 +30,7 @@ def _saved_config(workdir, **overrides):
 
 def test_load_config_applies_eval_changes_only(tmp_path):
   _saved_config(tmp_path)
-  config = evaluate.load_config(
+  config = checkpoint.load_config(
     str(tmp_path),
     ['eval.samples=8', 'eval.preset=liberal', 'train.eval_prompts=4'],
   )
@@ -44,7 +43,7 @@ def test_load_config_applies_eval_changes_only(tmp_path):
     ('eval.samples_jsonl=yes', r"'yes' is not True or False"),
   ]:
     with pytest.raises(ValueError, match=match):
-      evaluate.load_config(str(tmp_path), [bad])
+      checkpoint.load_config(str(tmp_path), [bad])
 
 
 def test_a_workdir_saved_before_the_eval_section_loads(tmp_path):
@@ -52,12 +51,12 @@ def test_a_workdir_saved_before_the_eval_section_loads(tmp_path):
   saved = json.loads(config.to_json())
   del saved['eval']
   (tmp_path / workdir_lib.CONFIG_FILE).write_text(json.dumps(saved))
-  assert evaluate.load_config(str(tmp_path), []).eval.samples == 0
+  assert checkpoint.load_config(str(tmp_path), []).eval.samples == 0
 
 
 def test_errors_without_a_run_or_a_checkpoint(tmp_path):
   with pytest.raises(ValueError, match=r'holds no config\.json'):
-    evaluate.load_config(str(tmp_path), [])
+    checkpoint.load_config(str(tmp_path), [])
 
 
 @pytest.mark.slow

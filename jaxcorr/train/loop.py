@@ -269,7 +269,11 @@ class Trainer:
   def train(self) -> dict[str, float]:
     """Run (or resume) the whole job; returns the last step's metrics."""
     t = self.run.train
-    self.restore()
+    try:
+      self.restore()
+    except BaseException:  # a refused resume frees the workdir at once
+      self.close()
+      raise
     self.writer.resume(self.step)
     if self._claim is not None:  # after a successful restore or none
       self._claim.write_config()

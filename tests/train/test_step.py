@@ -17,6 +17,7 @@ from jaxcorr import sharding
 from jaxcorr.losses import objective
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train import build
+from jaxcorr.train import step as step_lib
 from tests.helpers.model_testing import fresh_train_state
 from tests.helpers.step_batches import one_device_mesh, step_arrays
 from tests.helpers.tolerance import (
@@ -152,7 +153,9 @@ def test_no_gradient_through_old_or_rollout_logp(preset):
         counts = objective.loss_normalizers(mic.response_mask & mic.corr_mask)
       else:  # bypass: unit normalisers, the step divides afterwards
         counts = (jnp.float32(1), jnp.float32(1))
-      return steps._actor_loss(params, mic, counts, jax.random.key(0))[0]
+      return step_lib._actor_loss(
+        run, steps.graphdef, params, mic, counts, jax.random.key(0)
+      )[0]
 
     def handed_on(old_params, rollout_logp):
       mic = prepared(old_params, rollout_logp)

@@ -158,7 +158,8 @@ class RunCheckpoints:
       'run_config': self.config,
       'lagged': sorted(progress.lagged),
     }
-    if state.frozen is not None:  # LoRA: adapters only, base fingerprinted
+    # LoRA: adapters only, base fingerprinted (a bare pytree has no base).
+    if getattr(state, 'frozen', None) is not None:
       meta['base_fingerprint'] = self._fingerprint(state.frozen)
       state = state.replace(frozen=None)
     tree = {'state': state, 'ref': ref_params}

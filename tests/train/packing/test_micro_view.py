@@ -7,7 +7,7 @@ rows of other micro-batches with their response mask off
 count (`layout.balanced`). Summed over the micro-batches, the loss, its
 gradient w.r.t. the log-probs and the summed/extreme metrics must be those
 of one call on the mini-batch (what the unpacked update computes). The
-objective is called as `Steps._actor_loss` calls it: decoupled with the
+objective is called as `jaxcorr.train.step._actor_loss` calls it: decoupled with the
 correction of the whole batch and global counts, bypass with unit counts.
 """
 
