@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ('jaxcorr.train',),
   (
     'jaxcorr.lab',
+    'jaxcorr.plan',
     'jaxcorr.main',
     'jaxcorr.export',
     'jaxcorr.serve',

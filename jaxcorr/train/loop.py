@@ -40,7 +40,7 @@ from flax import nnx
 from jaxcorr import rewards as reward_fns
 from jaxcorr.data import text
 from jaxcorr.rewards import RewardScorer
-from jaxcorr.train import build, preemption, setup, sft
+from jaxcorr.train import build, compile_cache, preemption, setup, sft
 from jaxcorr.train.checkpoints import workdir as workdir_lib
 from jaxcorr.train.checkpoints.resume import Progress, RunCheckpoints
 from jaxcorr.train.critic import init_from_policy
@@ -108,6 +108,8 @@ class Trainer:
     # The lock and the config fingerprint come before anything is written;
     # config.json is written in train(), after the restore.
     self._claim = None
+    if not read_only:  # before the first compile (the policy's init)
+      compile_cache.enable(run.train.compile_cache, workdir)
     if primary:
       self._claim = workdir_lib.claim(
         workdir, config, allow_change=allow_config_change
@@ -293,7 +295,7 @@ class Trainer:
       with preemption.PreemptionGuard(catch_sigint=True) as guard:
         # A stop cuts short a reward call that hangs (scorer.py).
         self.scorer.stop_requested = lambda: guard.requested
-        if self.step == 0 and t.eval_every:
+        if self.step == 0 and t.eval_every and t.eval_at_start:
           last = {'step': 0, **self.evaluate(0)}
           self.writer.write(0, last)
         while self.step < t.num_steps:
