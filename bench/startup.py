@@ -8,8 +8,10 @@ Runs the trainer twice in fresh workdirs that share one compilation cache
 (`train.compile_cache`, a new temporary directory): the first run compiles
 everything (cold), the second loads it (warm), as a restarted run does.
 Each run is timed from the process start to the moment metrics.jsonl holds
-step 1's row, then stopped (SIGTERM); the load average before and after
-each run is printed with it, since the machine may be shared.
+step 1's row, then killed (nothing of it is needed); the load average
+before and after each run is printed with it, since the machine may be
+shared. `--root=DIR` keeps the workdirs and the cache there (default: a
+temporary directory, removed after).
 `--cache=off` times both runs without a cache (the before figures).
 """
 
@@ -18,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -52,11 +53,8 @@ def time_to_step(args: list[str], workdir: str, step: int = 1) -> float:
     return time.perf_counter() - t0
   finally:
     if proc.poll() is None:
-      proc.send_signal(signal.SIGTERM)
-      try:
-        proc.wait(timeout=600)
-      except subprocess.TimeoutExpired:
-        proc.kill()
+      proc.kill()
+      proc.wait()
 
 
 def main() -> None:
@@ -64,8 +62,10 @@ def main() -> None:
   p.add_argument('--config', default='configs/smollm2_arith.py')
   p.add_argument('--arg', action='append', default=[], help='extra flag')
   p.add_argument('--cache', choices=('shared', 'off'), default='shared')
+  p.add_argument('--root', default='', help='keep workdirs and cache here')
   a = p.parse_args()
-  with tempfile.TemporaryDirectory() as tmp:
+  with tempfile.TemporaryDirectory() as scratch:
+    tmp = a.root or scratch
     cache = os.path.join(tmp, 'cache') if a.cache == 'shared' else ''
     args = [
       f'--config={a.config}',
