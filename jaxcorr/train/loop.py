@@ -105,11 +105,9 @@ class Trainer:
     self.workdir = workdir
     self.process_count = jax.process_count()
     primary = jax.process_index() == 0 and not read_only
-    # The lock and the config fingerprint come before anything is written;
-    # config.json is written in train(), after the restore.
+    # Cache, then lock + fingerprint before any write (config.json: train()).
+    compile_cache.enable('' if read_only else run.train.compile_cache, workdir)
     self._claim = None
-    if not read_only:  # before the first compile (the policy's init)
-      compile_cache.enable(run.train.compile_cache, workdir)
     if primary:
       self._claim = workdir_lib.claim(
         workdir, config, allow_change=allow_config_change
