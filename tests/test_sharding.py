@@ -15,8 +15,8 @@ from jax.sharding import PartitionSpec as P
 
 from jaxcorr import sharding as sh
 from jaxcorr.model import Transformer, token_logprobs
+from jaxcorr.train.state import init_optimizer, optimizer_shardings
 from tests.helpers.model_testing import (
-  opt_state_shardings,
   random_model,
   random_tokens,
   shard_batch,
@@ -117,8 +117,15 @@ def test_param_and_optimizer_shardings():
   assert k.spec == P(None, 'fsdp', None, None)  # 2 KV heads, tensor = 4
 
   tx = optax.adamw(1e-3)
-  opt_state = jax.eval_shape(tx.init, params)
-  opt_shardings = opt_state_shardings(tx, opt_state, shardings, mesh)
+  opt_shardings = optimizer_shardings(
+    tx,
+    jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      params,
+      shardings,
+    ),
+    mesh,
+  )
   adam = opt_shardings[0]
   assert adam.count == NamedSharding(mesh, P())
   for moments in (adam.mu, adam.nu):
@@ -128,7 +135,7 @@ def test_param_and_optimizer_shardings():
   # Usable as out_shardings: the optimizer state is born sharded.
   real = random_model(cfg)
   placed = jax.device_put(nnx.state(real, nnx.Param), shardings)
-  state = jax.jit(tx.init, out_shardings=opt_shardings)(placed)
+  state = init_optimizer(tx, placed, mesh)
   mu_q = state[0].mu['layers']['attn']['q_proj']['kernel'].get_value()
   assert mu_q.sharding.spec == q.spec
   assert mu_q.addressable_shards[0].data.shape == (2, 32, 2, 8)

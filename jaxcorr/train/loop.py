@@ -40,7 +40,14 @@ from flax import nnx
 from jaxcorr import rewards as reward_fns
 from jaxcorr.data import text
 from jaxcorr.rewards import RewardScorer
-from jaxcorr.train import build, evaluation, preemption, setup, sft
+from jaxcorr.train import (
+  build,
+  compile_cache,
+  evaluation,
+  preemption,
+  setup,
+  sft,
+)
 from jaxcorr.train.checkpoints import workdir as workdir_lib
 from jaxcorr.train.checkpoints.resume import Progress, RunCheckpoints
 from jaxcorr.train.critic import init_from_policy
@@ -103,8 +110,8 @@ class Trainer:
     self.workdir = workdir
     self.process_count = jax.process_count()
     primary = jax.process_index() == 0 and not read_only
-    # The lock and the config fingerprint come before anything is written;
-    # config.json is written in train(), after the restore.
+    # Cache, then lock + fingerprint before any write (config.json: train()).
+    compile_cache.enable('' if read_only else run.train.compile_cache, workdir)
     self._claim = None
     if primary:
       self._claim = workdir_lib.claim(
@@ -297,7 +304,7 @@ class Trainer:
       with preemption.PreemptionGuard(catch_sigint=True) as guard:
         # A stop cuts short a reward call that hangs (scorer.py).
         self.scorer.stop_requested = lambda: guard.requested
-        if self.step == 0 and t.eval_every:
+        if self.step == 0 and t.eval_every and t.eval_at_start:
           last = {'step': 0, **self.evaluate(0)}
           self.writer.write(0, last)
         while self.step < t.num_steps:

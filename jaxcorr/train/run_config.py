@@ -108,6 +108,19 @@ class TrainConfig:
     'also before the first RL step and at the end.',
   )
   eval_prompts: int = setting(128, _NAT, 'Held-out prompts per evaluation.')
+  eval_at_start: bool = setting(
+    True,
+    boolean,
+    'With eval_every > 0: also evaluate before the first RL step (False: '
+    'start training at once; the first evaluation is at step eval_every).',
+  )
+  compile_cache: str = setting(
+    'workdir',
+    text,
+    "JAX's persistent compilation cache: 'workdir' (<workdir>/"
+    "compile_cache), a directory shared by runs, or '' (off); a restarted "
+    'run loads its compiled programs (jaxcorr/train/compile_cache.py).',
+  )
   seed: int = setting(
     0, _NAT, 'Root seed: init, data order, sampling, mini-batch shuffles.'
   )

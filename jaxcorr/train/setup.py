@@ -26,7 +26,7 @@ from jaxcorr.model.moe import routing_shape
 from jaxcorr.train import run_config as run_lib
 from jaxcorr.train.critic import ValueModel
 from jaxcorr.train.policy import Policy
-from jaxcorr.train.state import TrainState, make_optimizer
+from jaxcorr.train.state import TrainState, init_optimizer, make_optimizer
 from jaxcorr.train.step import Steps
 
 # ------------------------------------------------------------- devices
@@ -121,10 +121,9 @@ def build_learner(
     if kl_cfg is not None
     else rewards.KLControllerState(coef=jnp.zeros((), jnp.float32))
   )
-  with jax.set_mesh(mesh):
-    opt_state = jax.jit(tx.init)(params)
-    if critic_params is not None:
-      critic_opt = jax.jit(critic_tx.init)(critic_params)
+  opt_state = init_optimizer(tx, params, mesh)
+  if critic_params is not None:
+    critic_opt = init_optimizer(critic_tx, critic_params, mesh)
   rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   state = TrainState(
     params=params,

@@ -26,7 +26,7 @@ from jaxcorr.model import token_logprobs
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train.rollouts.weights import copy_tree
 from jaxcorr.train.run_config import RunConfig
-from jaxcorr.train.state import apply_updates, make_optimizer
+from jaxcorr.train.state import apply_updates, init_optimizer, make_optimizer
 from jaxcorr.train.tracker import metrics
 
 # Steps between two SFT progress lines.
@@ -133,8 +133,7 @@ def run_sft(
     param_shardings=param_shardings,
   )
   params = copy_tree(params)
-  with jax.set_mesh(mesh):
-    opt_state = jax.jit(tx.init)(params)
+  opt_state = init_optimizer(tx, params, mesh)
   progress = metrics.ProgressLine(n, keys=('sft/loss', 'sft/token_prob'))
   t_prev = time.perf_counter()
   for i in range(n):

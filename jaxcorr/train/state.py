@@ -2,8 +2,9 @@
 
 `TrainState` is the checkpointed pytree (jaxcorr/train/checkpoints/checkpointer.py);
 `OptimConfig` is the `optim` config section, and `make_optimizer` builds the
-RL, critic and SFT optimizers from it; `apply_updates` is the one optimizer
-step all of them take.
+RL, critic and SFT optimizers from it; `init_optimizer` makes their state
+where the params are; `apply_updates` is the one optimizer step all of them
+take.
 """
 
 from __future__ import annotations
@@ -130,6 +131,35 @@ def make_optimizer(
     )
   )
   return optax.chain(*chain), schedule
+
+
+def optimizer_shardings(
+  tx: optax.GradientTransformation, params: Any, mesh: jax.sharding.Mesh
+) -> Any:
+  """Where `tx.init(params)`'s leaves belong: each copy of the param tree
+  in it (AdamW's moments) placed like the params, the rest (step counts)
+  replicated. `params` may be abstract (`jax.ShapeDtypeStruct`s)."""
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return optax.tree_map_params(
+    tx,
+    lambda _, s: s,
+    jax.eval_shape(tx.init, params),
+    jax.tree.map(lambda x: x.sharding, params),
+    transform_non_params=lambda _: replicated,
+    is_leaf=lambda x: isinstance(x, nnx.Variable),
+  )
+
+
+def init_optimizer(
+  tx: optax.GradientTransformation, params: Any, mesh: jax.sharding.Mesh
+) -> Any:
+  """`tx.init(params)` born on `optimizer_shardings`. A plain
+  `jax.jit(tx.init)` replicates the zeros it makes (nothing ties them to
+  the params' shardings): an FSDP run then held every moment whole on
+  each chip (60 GiB per chip for an 8B model, found by `jaxcorr.plan`)."""
+  shardings = optimizer_shardings(tx, params, mesh)
+  with jax.set_mesh(mesh):
+    return jax.jit(tx.init, out_shardings=shardings)(params)
 
 
 def apply_updates(

@@ -7,7 +7,6 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -142,22 +141,6 @@ def shard_batch(batch, mesh):
     return jax.device_put(x, sharding.batch_sharding(mesh, x.ndim))
 
   return jax.tree.map(put, batch)
-
-
-def opt_state_shardings(tx, opt_state, params_shardings, mesh):
-  """Shardings for an optax state: each copy of the param tree inside it (Adam
-  moments, ...) is sharded like the params, everything else (step counts,
-  scalars) replicated. `opt_state` may be abstract (`jax.eval_shape`).
-  """
-  replicated = NamedSharding(mesh, PartitionSpec())
-  return optax.tree_map_params(
-    tx,
-    lambda _, s: s,
-    opt_state,
-    params_shardings,
-    transform_non_params=lambda _: replicated,
-    is_leaf=lambda x: isinstance(x, nnx.Variable),
-  )
 
 
 def fresh_train_state(run, mesh, *, sharded: bool = False):

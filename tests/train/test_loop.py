@@ -55,22 +55,27 @@ def _expected_corr_metrics(trainer) -> set[str]:
 
 
 @pytest.mark.parametrize(
-  'preset',
+  'preset, eval_at_start',
   [
-    'decoupled_seq_is_rs',
-    'bypass_pg_geo_rs',
+    ('decoupled_seq_is_rs', True),
+    # Also: no start-up evaluation (train.eval_at_start).
+    ('bypass_pg_geo_rs', False),
     # Diagnostics only: the two above cover both loss paths.
-    pytest.param('disabled', marks=pytest.mark.slow),
+    pytest.param('disabled', True, marks=pytest.mark.slow),
   ],
 )
-def test_pulse_sync(tmp_path, preset):
-  trainer, last = _train(pulse_config(preset, length_reward=True), tmp_path)
+def test_pulse_sync(tmp_path, preset, eval_at_start):
+  config = pulse_config(preset, length_reward=True)
+  config.train.eval_at_start = eval_at_start
+  trainer, last = _train(config, tmp_path)
   rows = _read(tmp_path)
   steps = [r['step'] for r in rows]
-  assert steps == [0, 1, 2, 3]  # eval at 0, then num_steps RL steps
+  # An evaluation at 0 (unless turned off), then num_steps RL steps.
+  assert steps == ([0, 1, 2, 3] if eval_at_start else [1, 2, 3])
+  rl_rows = rows[1:] if eval_at_start else rows
   corr_keys = _expected_corr_metrics(trainer)
   assert corr_keys  # the preset emits diagnostics
-  for r in rows[1:]:
+  for r in rl_rows:
     assert 'reward/mean' in r
     assert corr_keys <= set(r), corr_keys - set(r)
     for k in ('actor/pg_loss', 'actor/grad_norm', 'time/rollout'):

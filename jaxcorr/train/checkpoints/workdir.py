@@ -52,6 +52,8 @@ RESUMABLE = frozenset(
     'train.keep_checkpoints',
     'train.eval_every',
     'train.eval_prompts',
+    'train.eval_at_start',
+    'train.compile_cache',
     'train.log_every',
     # train.tensorboard: replaced by train.loggers; kept so a workdir
     # saved before resumes.

@@ -1,0 +1,75 @@
+"""From a config, a model preset and a mesh to a compiled `Plan`.
+
+`make_plan` applies the preset to `config.model` (a scratch model of that
+shape: nothing is read from disk), sets `config.mesh`, validates the run
+with `jaxcorr.train.build.build` like `jaxcorr.main` does, builds the
+trainer's mesh and the engine's (each process's engine runs on its host's
+chips, `jaxcorr.train.setup.make_meshes`) from the first devices, and
+compiles the programs (`plan.programs.plan_programs`).
+
+The devices are fake CPU devices (`jax_num_cpu_devices`, set by the
+command before JAX starts): XLA partitions for the mesh shape, not for the
+chip, so the shapes, shardings and collectives are those of the pod; the
+byte counts are the CPU compiler's, whose buffer assignment is close to but
+not the TPU compiler's (docs/tpu.md).
+"""
+
+from __future__ import annotations
+
+import jax
+import ml_collections
+
+from jaxcorr import sharding
+from jaxcorr.plan import presets
+from jaxcorr.plan.programs import Plan, plan_programs
+from jaxcorr.train import build
+from jaxcorr.train.policy import transformer_config
+
+
+def apply_model(config: ml_collections.ConfigDict, model: str) -> None:
+  """`config.model` set to preset `model`'s shape ('' keeps the config's
+  model, which then needs its `hf_path` config.json)."""
+  if not model:
+    return
+  if model not in presets.MODELS:
+    raise ValueError(
+      f'--model={model!r}; allowed: {", ".join(sorted(presets.MODELS))}'
+    )
+  with config.unlocked():
+    config.model.hf_path = ''
+    for k, v in presets.MODELS[model].items():
+      config.model[k] = v
+
+
+def make_plan(
+  config: ml_collections.ConfigDict,
+  *,
+  model: str,
+  mesh: str,
+  engine_devices: int,
+) -> Plan:
+  """Compile `config`'s programs for `model` on `mesh` ('fsdp:64'), the
+  engine on `engine_devices` chips (0: the trainer's mesh, as in a
+  single-process run). Needs as many devices as the mesh has."""
+  mesh_config, n = presets.parse_mesh(mesh)
+  apply_model(config, model)
+  with config.unlocked():
+    for axis in sharding.MESH_AXES:
+      config.mesh[axis] = getattr(mesh_config, axis)
+  run = build.build(config)
+  devices = jax.devices()
+  if len(devices) < n:
+    raise ValueError(f'--mesh={mesh} needs {n} devices, have {len(devices)}')
+  train_mesh = sharding.make_mesh(run.mesh, devices=devices[:n])
+  engine_mesh = train_mesh
+  if engine_devices:
+    if n % engine_devices:
+      raise ValueError(
+        f'--engine_devices={engine_devices} must divide the {n} devices'
+      )
+    engine_mesh = sharding.make_mesh(
+      sharding.MeshConfig(1, -1, 1), devices=devices[:engine_devices]
+    )
+  return plan_programs(
+    run, transformer_config(run.model), train_mesh, engine_mesh
+  )
