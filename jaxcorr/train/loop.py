@@ -173,8 +173,6 @@ class Trainer:
     """Builds and validates `config` (a ConfigDict) once, then the Trainer."""
     return cls(build.build(config), workdir, config=config, **kwargs)
 
-  # ----------------------------------------------------------- weights
-
   def _engine(self, mesh: jax.sharding.Mesh) -> Any:
     policy = self.policy
     if self.process_count > 1:
@@ -183,8 +181,6 @@ class Trainer:
       whole = engine_params(self.run, self.state.policy_params())
       policy = nnx.merge(self.graphdef, whole)
     return make_engine(self.run, policy, mesh)
-
-  # ------------------------------------------------------- checkpoints
 
   def save(self, *, force: bool = False) -> bool:
     lagged = self.source.lagged(self.step) if self.source else {}
@@ -205,8 +201,6 @@ class Trainer:
     self._lagged = progress.lagged  # for the producer (fixed_lag.py)
     logging.info('restored step %d from %s', self.step, self.workdir)
     return True
-
-  # ------------------------------------------------------------ stages
 
   def run_sft(self) -> None:
     """The SFT warm-up (`sft.py`); a critic starts from its result."""
