@@ -108,19 +108,37 @@ def _flatten(tree: Any, prefix: str = '') -> dict[str, Any]:
   return out
 
 
+def _defaults() -> dict[str, Any]:
+  """Every section field's default, flattened, in JSON form."""
+  import ml_collections
+
+  from jaxcorr.config import convert
+  from jaxcorr.train import build
+
+  sections = {
+    name: convert.section(cls).to_dict() for name, cls in build.SECTIONS.items()
+  }
+  return _flatten(json.loads(ml_collections.ConfigDict(sections).to_json()))
+
+
 def config_changes(
   saved: Mapping[str, Any], new: Mapping[str, Any]
 ) -> list[tuple[str, Any, Any]]:
   """`(field, saved value, new value)` for every field outside `RESUMABLE`
   that differs between two config dicts (JSON form); a field present in one
-  only counts as changed."""
+  only counts as changed, unless the saved run predates it and the new
+  value is its default (what the older code did: a new field is a new
+  feature, off by default)."""
   a, b = _flatten(saved), _flatten(new)
+  defaults = _defaults()
   missing = object()
   out = []
   for key in sorted(set(a) | set(b)):
     if key in RESUMABLE:
       continue
     va, vb = a.get(key, missing), b.get(key, missing)
+    if va is missing and vb == defaults.get(key, missing):
+      continue
     if va != vb:
       out.append(
         (

@@ -114,6 +114,19 @@ def test_config_changes_lists_added_and_removed_fields():
   assert changes == [('a.y', 2, '(absent)'), ('a.z', '(absent)', 3)]
 
 
+def test_a_run_saved_before_a_new_section_resumes_at_its_defaults():
+  """A workdir saved before a section existed (here `lora`) resumes
+  without --allow_config_change while the section stays at its defaults;
+  turning the new feature on is a change."""
+  new = json.loads(pulse_config().to_json())
+  saved = {k: v for k, v in new.items() if k != 'lora'}
+  assert workdir_lib.config_changes(saved, new) == []
+  new['lora']['rank'] = 8
+  assert workdir_lib.config_changes(saved, new) == [
+    ('lora.rank', '(absent)', 8)
+  ]
+
+
 def test_config_json_cut_short_is_an_error_naming_it(tmp_path):
   saved = _saved_run(tmp_path, pulse_config())
   (tmp_path / 'config.json').write_text(saved[: len(saved) // 2])
