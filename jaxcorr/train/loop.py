@@ -110,13 +110,14 @@ class Trainer:
     self.workdir = workdir
     self.process_count = jax.process_count()
     primary = jax.process_index() == 0 and not read_only
-    # Cache, then lock + fingerprint before any write (config.json: train()).
-    compile_cache.enable('' if read_only else run.train.compile_cache, workdir)
+    # Lock + fingerprint before any write (config.json: train()), then the
+    # compilation cache inside the workdir the claim has checked.
     self._claim = None
     if primary:
       self._claim = workdir_lib.claim(
         workdir, config, allow_change=allow_config_change
       )
+    compile_cache.enable('' if read_only else run.train.compile_cache, workdir)
     meshes = setup.make_meshes(run)
     self.mesh, self.rollout_mesh = meshes.train, meshes.rollout
     policy = build_policy(run.model, self.mesh, run.lora)
