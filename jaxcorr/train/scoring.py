@@ -78,12 +78,13 @@ def response_logp(
     enable_dropout(model, dropout_key)
   if model.config.num_experts:
     out, stats = _moe_logp(run, model, batch, entropy)
-    return (out, stats) if routing else out
-  if routing:
-    out = response_logp(
-      run, graphdef, params, batch, entropy=entropy, dropout_key=dropout_key
-    )
-    return out, None
+  else:
+    out, stats = _dense_logp(run, model, batch, entropy), None
+  return (out, stats) if routing else out
+
+
+def _dense_logp(run: RunConfig, model: Any, batch: TrainBatch, entropy: bool):
+  """`response_logp` of a dense policy, by `rollout.logprob_mode`."""
   if run.rollout.logprob_mode == 'truncated':
     return _truncated_logp(model, batch, entropy)
   if run.rollout.logprob_mode == 'replay':

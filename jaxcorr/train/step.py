@@ -112,14 +112,15 @@ class Steps:
     out = None
     if state_shardings is not None:
       out = (state_shardings.replace(frozen=None), None)
-    self.update = jax.jit(
-      self._update,
-      donate_argnums=(0,),
-      static_argnames='light',
-      out_shardings=out,
-    )
     if state_shardings is not None and state_shardings.frozen is not None:
       self.update = _frozen_apart(self._update, out)
+    else:
+      self.update = jax.jit(
+        self._update,
+        donate_argnums=(0,),
+        static_argnames='light',
+        out_shardings=out,
+      )
 
   def _prepare(
     self,
