@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxcorr.model import KVCache, Transformer
+from jaxcorr.model import KVCache
 from jaxcorr.rollout.decode import sample_rows
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.layout import bucket_of, pow2_buckets
@@ -123,12 +123,10 @@ class Continuation:
         'not supported with config.agent.environment'
       )
     self.engine = engine
-    abstract = nnx.eval_shape(
-      lambda: Transformer(engine.config, rngs=nnx.Rngs(0))
-    )
-    graphdef, _ = nnx.split(abstract)
+    # The engine's own graph: a LoRA engine's weights do not fit a plain
+    # Transformer's.
     self._extend = jax.jit(
-      functools.partial(extend, graphdef),
+      functools.partial(extend, engine.programs.graphdef),
       donate_argnums=(1,),
       static_argnames=('attend_len',),
     )

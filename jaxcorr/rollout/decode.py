@@ -336,7 +336,8 @@ def take_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
 class Programs(NamedTuple):
   """The jitted device functions of one engine (`jit_programs`); each
   compiles once per input shape. Decode states are donated: the cache is
-  updated in place."""
+  updated in place. `graphdef`: the model graph they run (what a caller
+  compiling its own function over the engine's weights merges them into)."""
 
   prefill: Any
   insert: Any
@@ -344,6 +345,7 @@ class Programs(NamedTuple):
   compact: Any
   refill: Any
   chunk: Any
+  graphdef: nnx.GraphDef
 
 
 def jit_programs(graphdef: nnx.GraphDef, kept_capacity: int) -> Programs:
@@ -361,4 +363,5 @@ def jit_programs(graphdef: nnx.GraphDef, kept_capacity: int) -> Programs:
       donate_argnums=(1,),
       static_argnames=('num_steps', 'attend_len'),
     ),
+    graphdef=g,
   )

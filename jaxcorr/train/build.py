@@ -269,6 +269,20 @@ def check_agent(run: RunConfig) -> None:
       "'full' or 'truncated' with config.agent.environment (multi-turn "
       'rollouts record no kept sets)',
     )
+  if r.kv_cache_dtype in ('int8', 'fp8'):
+    fields.fail(
+      'config.rollout.kv_cache_dtype',
+      r.kv_cache_dtype,
+      "'model' or a float dtype with config.agent.environment (a turn's "
+      'continuation writes a full-precision cache)',
+    )
+  if run.model.num_experts:
+    fields.fail(
+      'config.agent.environment',
+      run.agent.environment,
+      "'' with an MoE model (model.num_experts > 0): a turn's continuation "
+      'records no routing',
+    )
 
 
 def check_packing(run: RunConfig) -> None:

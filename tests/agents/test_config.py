@@ -23,6 +23,7 @@ def test_off_by_default():
     ('agent', 'environment', 'nope', 'config.agent.environment'),
     ('agent', 'user_content', 'no field', 'config.agent.user_content'),
     ('agent', 'call_body', 'xml', 'config.agent.call_body'),
+    ('rollout', 'kv_cache_dtype', 'int8', 'config.rollout.kv_cache_dtype'),
   ],
 )
 def test_unsupported_combinations_fail(section, field, value, message):
@@ -31,6 +32,14 @@ def test_unsupported_combinations_fail(section, field, value, message):
   if field == 'mode':
     c.rollout.max_staleness = 1
   with pytest.raises(ValueError, match=message):
+    build(c)
+
+
+def test_an_moe_policy_is_refused():
+  c = arith_tool.get_config('pulse')
+  c.model.num_experts = 4
+  c.model.num_experts_per_tok = 2
+  with pytest.raises(ValueError, match='config.agent.environment'):
     build(c)
 
 
