@@ -59,4 +59,5 @@ def from_ragged(
 
 def compile_count(engine) -> int:
   """Compiled variants of a `PolicyEngine`'s jitted functions so far."""
-  return sum(f._cache_size() for f in engine.programs)
+  programs = engine.programs._replace(graphdef=None)
+  return sum(f._cache_size() for f in programs if f is not None)
