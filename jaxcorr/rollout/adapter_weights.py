@@ -13,10 +13,16 @@ engine then decodes either
 * unmerged: the LoRA graph, base and adapters side by side.
 
 Delivery check: after installing version v the engine scores the probe
-with the params it will decode with and compares with the trainer's
-log-probs of v; a gap over `lora.delivery_tol` raises `AdapterSyncError`
-at once, so an adapter that never arrived fails loudly instead of looking
-like staleness in the rollout-correction metrics (docs/lora.md).
+with the params it will decode with and compares with the log-probs the
+trainer computed for v; a gap over `lora.delivery_tol` raises
+`AdapterSyncError` at once, so an adapter that never arrived fails loudly
+instead of looking like staleness in the rollout-correction metrics
+(docs/lora.md). Both sides run the same `DeliveryProbe`: the trainer casts
+and merges the version it publishes exactly as the engine does, so the
+check compares the engine with what it should hold, not the engine's
+precision with the trainer's (a bf16 engine differs from a float32 trainer
+by nats on a probe of arbitrary tokens through a real model: 5.9 on
+SmolLM2-135M, which no tolerance could tell from a missed sync).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from jaxcorr.model.lora import (
   probe_tokens,
   split_adapter,
 )
+from jaxcorr.model.transformer import Transformer
 from jaxcorr.sharding import param_shardings
 
 
@@ -57,9 +64,73 @@ class AdapterUpdate:
 
 
 def auto_tolerance(dtype: Any) -> float:
-  """The delivery check's default gap: rounding of the engine's dtype
-  (float32: the trainer's own numbers; 16-bit: bf16 noise on a probe)."""
+  """The delivery check's default gap. Both sides run the same program,
+  so on one device the gap of a delivered version is 0; the margin covers
+  a different reduction order where the engine's mesh shards the matmuls
+  differently from the trainer's (float32: 1e-3; 16-bit: 0.1)."""
   return 1e-3 if jnp.dtype(dtype) == jnp.float32 else 0.1
+
+
+def _cast(dtype: Any) -> Any:
+  """A jitted cast of a state's floating leaves to `dtype` (other leaves
+  and leaves already in `dtype` copied: the result never aliases)."""
+
+  def cast(x):
+    if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
+      return x.astype(dtype)
+    return jnp.copy(x)
+
+  return jax.jit(lambda state: jax.tree.map(cast, state))
+
+
+class DeliveryProbe:
+  """A LoRA engine's weights and its probe log-probs, as functions of the
+  trainer's (frozen base, adapters): floating leaves cast to the engine's
+  param dtype, then merged into the plain graph (`lora.engine_merged`) or
+  kept as the LoRA graph, then the probe row scored. The engine
+  (`AdapterWeights`) builds its weights with it; the trainer
+  (jaxcorr/train/rollouts/weights.py) calls it on each version it
+  publishes, so a delivered version scores the same on both sides.
+
+  Args:
+    config: the engine's `TransformerConfig` (its dtypes).
+    lora: the adapters' config.
+  """
+
+  def __init__(self, config: Any, lora: LoraConfig):
+    self.merged = lora.engine_merged
+    if self.merged:
+      abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    else:
+      abstract = nnx.eval_shape(lambda: lora_model(config, lora))
+    self.graphdef, self.abstract_state = nnx.split(abstract)
+    self.lora_abstract = nnx.state(
+      nnx.eval_shape(lambda: lora_model(config, lora))
+    )
+    self.tokens = probe_tokens(config.vocab_size)
+    self.cast = _cast(config.param_dtype)
+    plain = self.abstract_state
+    self._merge = jax.jit(lambda s: merge_into(plain, s, lora.scale))
+    graphdef, tokens = self.graphdef, self.tokens
+    self._score = jax.jit(lambda p: probe_logprobs(graphdef, p, tokens))
+    # The trainer's base never changes: cast it once.
+    self._frozen: tuple[Any, nnx.State] | None = None
+
+  def assemble(self, frozen: nnx.State, adapter: nnx.State) -> nnx.State:
+    """The engine's params from its cast base and cast adapters."""
+    full = join(frozen, adapter)
+    return self._merge(full) if self.merged else full
+
+  def logprobs(self, params: nnx.State) -> jax.Array:
+    """The probe row's log-probs [S - 1] under engine params `params`."""
+    return self._score(params)
+
+  def __call__(self, frozen: nnx.State, adapter: nnx.State) -> jax.Array:
+    """What the engine must report on the probe once it holds `adapter`
+    over base `frozen` (both in the trainer's precision)."""
+    if self._frozen is None or self._frozen[0] is not frozen:
+      self._frozen = (frozen, self.cast(frozen))
+    return self.logprobs(self.assemble(self._frozen[1], self.cast(adapter)))
 
 
 class AdapterWeights:
@@ -67,7 +138,6 @@ class AdapterWeights:
   interface of `PolicyWeights`).
 
   Args:
-    graphdef: the engine model's graph (plain when merged, LoRA when not).
     abstract_state: the engine model's abstract `nnx.State`.
     config: the engine's `TransformerConfig` (its dtypes).
     lora: the adapters' config.
@@ -77,7 +147,6 @@ class AdapterWeights:
 
   def __init__(
     self,
-    graphdef: Any,
     abstract_state: nnx.State,
     *,
     config: Any,
@@ -86,19 +155,15 @@ class AdapterWeights:
     initial: Any,
   ):
     self.lora = lora
-    self.param_dtype = config.param_dtype
     self.merged = lora.engine_merged
     self.abstract = abstract_state
-    lora_abstract = nnx.state(nnx.eval_shape(lambda: lora_model(config, lora)))
+    self.delivery = DeliveryProbe(config, lora)
     self._shardings = self._lora_shardings = None
     if mesh is not None:
       self._shardings = param_shardings(abstract_state, mesh)
-      self._lora_shardings = param_shardings(lora_abstract, mesh)
+      self._lora_shardings = param_shardings(self.delivery.lora_abstract, mesh)
     tol = lora.delivery_tol
     self.tolerance = auto_tolerance(config.dtype) if tol is None else tol
-    self.tokens = probe_tokens(config.vocab_size)
-    self._probe = jax.jit(lambda p: probe_logprobs(graphdef, p, self.tokens))
-    self._merge = jax.jit(lambda s: merge_into(abstract_state, s, lora.scale))
     full = self._place(self._state(initial), self._lora_shardings)
     self.adapter, self.frozen = split_adapter(full)
     self.params = self._assemble(self.adapter, self.frozen)
@@ -116,26 +181,16 @@ class AdapterWeights:
   def _place(self, state: Any, shardings: Any) -> Any:
     """The engine's own copy (the trainer donates its arrays): floating
     leaves cast to the engine dtype, placed by `shardings`."""
-    dtype = self.param_dtype
-
-    def cast(x):
-      if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
-        return x.astype(dtype)
-      return jnp.copy(x)
-
-    state = jax.tree.map(cast, state)
+    state = self.delivery.cast(state)
     if shardings is not None:
       state = jax.device_put(state, shardings)
     return state
 
   def _assemble(self, adapter: nnx.State, frozen: nnx.State) -> nnx.State:
-    full = join(frozen, adapter)
-    if not self.merged:
-      return full
-    merged = self._merge(full)
-    if self._shardings is not None:
-      merged = jax.device_put(merged, self._shardings)
-    return merged
+    params = self.delivery.assemble(frozen, adapter)
+    if self.merged and self._shardings is not None:
+      params = jax.device_put(params, self._shardings)
+    return params
 
   def _adapter_of(self, params: Any) -> tuple[nnx.State, nnx.State]:
     """(adapter placed for the engine, the frozen base to join it with)."""
@@ -174,7 +229,7 @@ class AdapterWeights:
 
   def probe(self) -> np.ndarray:
     """The engine's log-probs of the probe row under its current params."""
-    return np.asarray(self._probe(self.params))
+    return np.asarray(self.delivery.logprobs(self.params))
 
   def check(self, expected: Any) -> float:
     """Raises `AdapterSyncError` when the engine's probe log-probs differ

@@ -340,7 +340,6 @@ def _weights(cfg, model, mesh, lora, quantization) -> tuple[Any, Any]:
         "config.rollout.quantization must be 'none' with config.lora.rank > 0"
       )
     weights = AdapterWeights(
-      graphdef,
       abstract_state,
       config=cfg,
       lora=lora,

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from jaxcorr.model.lora import LoraConfig, apply_lora, join, split_adapter
-from jaxcorr.rollout.adapter_weights import AdapterSyncError
+from jaxcorr.rollout.adapter_weights import AdapterSyncError, DeliveryProbe
 from jaxcorr.rollout.decoder import Decoder, Request
 from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
 from jaxcorr.train.rollouts.weights import AdapterPublisher
@@ -38,7 +38,7 @@ def policy():
   adapter, frozen = split_adapter(nnx.state(model))
   v0, v1 = _adapter(adapter, 0), _adapter(adapter, 1)
   nnx.update(model, v0)
-  publish = AdapterPublisher(nnx.graphdef(model), model.config.vocab_size)
+  publish = AdapterPublisher(DeliveryProbe(model.config, LORA))
   return model, frozen, (v0, v1), publish
 
 

@@ -18,9 +18,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxcorr.model.lora import probe_logprobs, probe_tokens
 from jaxcorr.model.quantized_weights import QuantSpec, fake_quantize
-from jaxcorr.rollout.adapter_weights import AdapterUpdate
+from jaxcorr.rollout.adapter_weights import AdapterUpdate, DeliveryProbe
 from jaxcorr.train.rollouts.config import RolloutConfig
 from jaxcorr.train.run_config import RunConfig
 
@@ -64,27 +63,29 @@ def engine_params(run: RunConfig, params: Any) -> Any:
 
 class AdapterPublisher:
   """A LoRA run's weight sync: a copy of the adapters (the only bytes that
-  cross to the engine) and the trainer's log-probs of the probe row under
-  them, which the engine's delivery check compares with its own
-  (jaxcorr/rollout/adapter_weights.py).
+  cross to the engine) and the probe log-probs the engine must report
+  once it holds them, computed by the engine's own `DeliveryProbe` (its
+  dtype, merged or not), which its delivery check compares with what it
+  computes (jaxcorr/rollout/adapter_weights.py).
 
   Args:
-    graphdef: the trainer's LoRA policy graph.
-    vocab_size: the model's vocabulary (the probe row's ids).
+    probe: the engine's `DeliveryProbe` (`engine_probe`).
   """
 
-  def __init__(self, graphdef: Any, vocab_size: int):
-    tokens = probe_tokens(vocab_size)
-
-    def probe(frozen, adapter):
-      return probe_logprobs(graphdef, nnx.merge_state(frozen, adapter), tokens)
-
-    self._probe = jax.jit(probe)
+  def __init__(self, probe: DeliveryProbe):
+    self._probe = probe
 
   def __call__(self, frozen: Any, adapter: Any) -> AdapterUpdate:
     """The update of version `adapter` (the trainer's current adapters)."""
     copy = copy_tree(adapter)
     return AdapterUpdate(copy, self._probe(frozen, copy))
+
+
+def engine_probe(run: RunConfig, config: Any) -> DeliveryProbe:
+  """The `DeliveryProbe` of the engine `make_engine` builds for a policy
+  of `config`: its dtype is `rollout.engine_dtype`."""
+  dtype = jnp.dtype(run.rollout.engine_dtype)
+  return DeliveryProbe(config.replace(dtype=dtype, param_dtype=dtype), run.lora)
 
 
 def weight_sync(run: RunConfig, policy: Any) -> Callable[[Any], Any]:
@@ -93,7 +94,7 @@ def weight_sync(run: RunConfig, policy: Any) -> Callable[[Any], Any]:
   `jaxcorr.train.policy.Policy`) an `AdapterPublisher` update."""
   if not run.lora.enabled:
     return lambda state: engine_params(run, state.params)
-  publish = AdapterPublisher(policy.graphdef, policy.config.vocab_size)
+  publish = AdapterPublisher(engine_probe(run, policy.config))
   return lambda state: publish(state.frozen, state.params)
 
 
