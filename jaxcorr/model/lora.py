@@ -99,8 +99,9 @@ class LoraConfig:
   delivery_tol: float | None = setting(
     None,
     optional(number(0), 'by the engine dtype: 1e-3 float32, 0.1 16-bit'),
-    'Largest |engine - trainer| log-prob on the sync probe before a weight '
-    'sync is declared undelivered (0: no check).',
+    'Largest |engine - expected| log-prob on the sync probe (expected: '
+    "the trainer's score of the version in the engine's precision) before "
+    'a weight sync is declared undelivered (0: no check).',
   )
   seed: int = setting(0, integer(0), 'Seed of the A matrices.')
 
