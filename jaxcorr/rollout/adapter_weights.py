@@ -83,6 +83,10 @@ def _cast(dtype: Any) -> Any:
   return jax.jit(lambda state: jax.tree.map(cast, state))
 
 
+def _same(a: list, b: list) -> bool:
+  return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
 class DeliveryProbe:
   """A LoRA engine's weights and its probe log-probs, as functions of the
   trainer's (frozen base, adapters): floating leaves cast to the engine's
@@ -113,8 +117,9 @@ class DeliveryProbe:
     self._merge = jax.jit(lambda s: merge_into(plain, s, lora.scale))
     graphdef, tokens = self.graphdef, self.tokens
     self._score = jax.jit(lambda p: probe_logprobs(graphdef, p, tokens))
-    # The trainer's base never changes: cast it once.
-    self._frozen: tuple[Any, nnx.State] | None = None
+    # The trainer's base never changes: cast it once (keyed by its arrays,
+    # since each step's TrainState may wrap them in a new State).
+    self._frozen: tuple[list, nnx.State] | None = None
 
   def assemble(self, frozen: nnx.State, adapter: nnx.State) -> nnx.State:
     """The engine's params from its cast base and cast adapters."""
@@ -128,8 +133,9 @@ class DeliveryProbe:
   def __call__(self, frozen: nnx.State, adapter: nnx.State) -> jax.Array:
     """What the engine must report on the probe once it holds `adapter`
     over base `frozen` (both in the trainer's precision)."""
-    if self._frozen is None or self._frozen[0] is not frozen:
-      self._frozen = (frozen, self.cast(frozen))
+    leaves = jax.tree.leaves(frozen)
+    if self._frozen is None or not _same(self._frozen[0], leaves):
+      self._frozen = (leaves, self.cast(frozen))
     return self.logprobs(self.assemble(self._frozen[1], self.cast(adapter)))
 
 
