@@ -72,11 +72,16 @@ class ChatTemplate:
     )
 
   def prompt_template(
-    self, system: str | None = None, content: str = '{prompt}'
+    self,
+    system: str | None = None,
+    content: str = '{prompt}',
+    examples: Sequence[tuple[str, str]] = (),
   ) -> str:
     """A `config.data.prompt_template`: one user turn (after an optional
     system turn) whose content is `content` (a text holding `{prompt}` once,
-    e.g. 'What is {prompt}'), plus the generation prompt.
+    e.g. 'What is {prompt}'), plus the generation prompt. `examples`:
+    (user, assistant) demonstration turns placed before it (few-shot: a
+    small model copies an answer format it is shown, not one described).
 
     The template is rendered with a marker as the content and the marker
     replaced by `{prompt}` (other braces doubled). A template that edits
@@ -89,7 +94,7 @@ class ChatTemplate:
         "'{prompt}' and no other braces"
       )
     marker = '\x00PROMPT\x00'
-    out = self._turn(system, content.replace('{prompt}', marker))
+    out = self._turn(system, content.replace('{prompt}', marker), examples)
     if out.count(marker) != 1:
       raise ValueError(
         'the chat template does not copy the user content verbatim; write '
@@ -97,7 +102,7 @@ class ChatTemplate:
       )
     fmt = out.replace('{', '{{').replace('}', '}}').replace(marker, '{prompt}')
     probe = ' 12 + {x} =\n?'
-    direct = self._turn(system, content.replace('{prompt}', probe))
+    direct = self._turn(system, content.replace('{prompt}', probe), examples)
     if fmt.format(prompt=probe) != direct:
       raise ValueError(
         'the chat template renders contents differently; write '
@@ -105,14 +110,26 @@ class ChatTemplate:
       )
     return fmt
 
-  def _turn(self, system: str | None, content: str) -> str:
+  def _turn(
+    self,
+    system: str | None,
+    content: str,
+    examples: Sequence[tuple[str, str]] = (),
+  ) -> str:
     messages = [] if system is None else [{'role': 'system', 'content': system}]
+    for user, assistant in examples:
+      messages.append({'role': 'user', 'content': user})
+      messages.append({'role': 'assistant', 'content': assistant})
     messages.append({'role': 'user', 'content': content})
     return self.render(messages, add_generation_prompt=True)
 
 
 def chat_prompt_template(
-  path: str | os.PathLike, system: str | None = None, content: str = '{prompt}'
+  path: str | os.PathLike,
+  system: str | None = None,
+  content: str = '{prompt}',
+  examples: Sequence[tuple[str, str]] = (),
 ) -> str:
-  """`ChatTemplate.from_dir(path).prompt_template(system, content)`."""
-  return ChatTemplate.from_dir(path).prompt_template(system, content)
+  """`ChatTemplate.from_dir(path).prompt_template(system, content,
+  examples)`."""
+  return ChatTemplate.from_dir(path).prompt_template(system, content, examples)

@@ -204,3 +204,18 @@ def test_prompt_template_refuses_a_template_that_edits_the_content():
   )
   with pytest.raises(ValueError, match='content: invalid value'):
     verbatim.prompt_template(content='{prompt} and {x}')
+
+
+def test_prompt_template_places_demonstration_turns_before_the_question():
+  chat = ChatTemplate(
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}"
+    '{% endfor %}{% if add_generation_prompt %}<bot>{% endif %}'
+  )
+  fmt = chat.prompt_template(
+    system='S', examples=[('1+1', '<answer>{2}</answer>'), ('2+2', '4')]
+  )
+  assert fmt == (
+    '<system>S<user>1+1<assistant><answer>{{2}}</answer><user>2+2'
+    '<assistant>4<user>{prompt}<bot>'
+  )
+  assert fmt.format(prompt='3+3').endswith('<user>3+3<bot>')
