@@ -8,19 +8,30 @@ Same-run ratios only (the machine is shared and noisy):
   (b) a Mixtral policy (E experts of width F, top-k) vs a Llama policy of
       MLP width k x F (the same active FLOPs per token), forward +
       backward tokens/s (the same loss on the full logits);
-  (c) the cost of recording routing in the engine: one cached decode
-      forward returning the experts (`routed_hidden_states`, what the
-      engine runs for an MoE policy) vs the same forward returning only
-      the hidden states;
+  (c) the cost of recording routing in the engine: one engine decode
+      chunk (`jaxcorr.rollout.decode.decode_chunk`, what the engine runs)
+      of an MoE policy as it is (returning `Chunk.routing`) vs the same
+      program with the routing dropped from its outputs (XLA then removes
+      the routing buffer from the loop: the same chunk without recording);
   (d) the cost of replay in the update: forward + backward with a
       replayed routing vs free routing.
 
-Usage: python bench/moe.py [--tokens 2048] [--repeat 5]
+Each pair is timed interleaved (A B B A ...; a call of each per round, the
+order alternating), and the figure is the median over rounds of the
+round's B / A ratio with its interquartile range: a shared machine's
+load drifts over seconds, which best-of-n of A then best-of-n of B turns
+into a spurious ratio. For (c) and (d) the script also compares the two
+compiled programs (XLA's cost analysis: flops and bytes accessed, and the
+count of sort / gather / scatter / while instructions), which no load
+changes.
+
+Usage: python bench/moe.py [--tokens 2048] [--rounds 21]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import jax
@@ -30,19 +41,72 @@ from flax import nnx
 
 from jaxcorr.model import Transformer, TransformerConfig
 from jaxcorr.model.moe import dense_experts, grouped_experts, route
+from jaxcorr.rollout import decode
 
 
-def best_time(fn, *args, repeat: int) -> float:
-  jax.block_until_ready(fn(*args))  # compile
-  times = []
-  for _ in range(repeat):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return min(times)
+def _once(fn, args) -> float:
+  t0 = time.perf_counter()
+  jax.block_until_ready(fn(*args))
+  return time.perf_counter() - t0
 
 
-def bench_dispatch(n: int, d: int, e: int, f: int, k: int, repeat: int):
+def paired(fa, args_a, fb, args_b, rounds: int) -> dict:
+  """Interleaved timing of A and B: per round one call of each, the order
+  alternating; median B / A over rounds, its quartiles, median times."""
+  jax.block_until_ready(fa(*args_a))  # compile
+  jax.block_until_ready(fb(*args_b))
+  ta, tb = [], []
+  for r in range(rounds):
+    if r % 2:
+      tb.append(_once(fb, args_b))
+      ta.append(_once(fa, args_a))
+    else:
+      ta.append(_once(fa, args_a))
+      tb.append(_once(fb, args_b))
+  ratio = np.asarray(tb) / np.asarray(ta)
+  q1, med, q3 = np.percentile(ratio, [25, 50, 75])
+  return dict(
+    a=float(np.median(ta)), b=float(np.median(tb)), ratio=med, q1=q1, q3=q3
+  )
+
+
+def fmt_ratio(p: dict) -> str:
+  return f'{p["ratio"]:.3f} (IQR {p["q1"]:.3f}-{p["q3"]:.3f})'
+
+
+HLO_OPS = ('sort', 'gather', 'scatter', 'while', 'dynamic-update-slice')
+
+
+def program_cost(fn, *args) -> dict:
+  """Flops, bytes accessed and a few instruction counts of the compiled
+  program (after XLA's optimisations)."""
+  compiled = fn.lower(*args).compile()
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0]
+  text = compiled.as_text()
+  out = {
+    'flops': float(cost.get('flops', 0.0)),
+    'bytes': float(cost.get('bytes accessed', 0.0)),
+  }
+  for op in HLO_OPS:
+    out[op] = sum(
+      f' {op}(' in line for line in text.splitlines() if ' = ' in line
+    )
+  return out
+
+
+def fmt_cost(a: dict, b: dict) -> str:
+  parts = [
+    f'flops {b["flops"] / max(a["flops"], 1):.4f}x',
+    f'bytes {b["bytes"] / max(a["bytes"], 1):.4f}x',
+  ]
+  parts += [f'{op} {a[op]}->{b[op]}' for op in HLO_OPS if a[op] or b[op]]
+  return ', '.join(parts)
+
+
+def bench_dispatch(n: int, d: int, e: int, f: int, k: int, rounds: int):
+  """(a): the dense reference (A) vs the grouped dispatch (B)."""
   key = jax.random.split(jax.random.PRNGKey(0), 5)
   x = jax.random.normal(key[0], (n, d))
   router = jax.random.normal(key[1], (d, e)) * 0.3
@@ -59,9 +123,8 @@ def bench_dispatch(n: int, d: int, e: int, f: int, k: int, repeat: int):
 
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
-  g = best_time(make(grouped_experts), x, router, w, repeat=repeat)
-  dn = best_time(make(dense_experts), x, router, w, repeat=repeat)
-  return n / g, n / dn
+  args = (x, router, w)
+  return paired(make(dense_experts), args, make(grouped_experts), args, rounds)
 
 
 def policy_configs(e: int, k: int, f: int):
@@ -85,7 +148,9 @@ def policy_configs(e: int, k: int, f: int):
   return moe, dense
 
 
-def train_throughput(cfg, tokens, repeat, replay=None):
+def train_grad(cfg):
+  """(jitted grad of a full-logits loss, params): routed forward +
+  backward, `replay` [B, S, L_moe, k] or None."""
   graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
 
   @jax.jit
@@ -97,73 +162,94 @@ def train_throughput(cfg, tokens, repeat, replay=None):
 
     return jax.grad(loss)(state)
 
-  t = best_time(grad, state, tokens, replay, repeat=repeat)
-  return tokens.size / t
+  return grad, state
 
 
-def decode_record_cost(cfg, rows, repeat):
+def replay_cost(cfg, tokens, rounds):
+  """(d): free routing (A) vs replaying the routing the same params pick
+  (B: same experts, so the same dispatch work)."""
+  grad, state = train_grad(cfg)
   model = Transformer(cfg, rngs=nnx.Rngs(0))
-  graphdef, state = nnx.split(model)
-  cache = model.init_cache(rows, 256)
-  cache = cache.replace(index=jnp.full((rows,), 100, jnp.int32))
-  cache = cache.replace(segment_ids=None)
-  tok = jnp.ones((rows, 1), jnp.int32)
-
-  @jax.jit
-  def plain(state, cache):
-    m = nnx.merge(graphdef, state)
-    h, c = m.hidden_states(tok, cache=cache, attend_len=128)
-    return m.logits(h), c.k[0]
-
-  @jax.jit
-  def recorded(state, cache):
-    m = nnx.merge(graphdef, state)
-    h, c, stats = m.routed_hidden_states(tok, cache=cache, attend_len=128)
-    return m.logits(h), c.k[0], stats.experts
-
-  return (
-    best_time(plain, state, cache, repeat=repeat),
-    best_time(recorded, state, cache, repeat=repeat),
+  replay = nnx.jit(lambda m, t: m.routed_hidden_states(t)[2].experts)(
+    model, tokens
   )
+  a, b = (state, tokens, None), (state, tokens, replay)
+  cost = (program_cost(grad, *a), program_cost(grad, *b))
+  return paired(grad, a, grad, b, rounds), cost
+
+
+def decode_record_cost(cfg, rows, steps, rounds):
+  """(c): an engine decode chunk of `steps` steps, `rows` slots at
+  position 100 (attending to 128), without (A) and with (B) routing."""
+  model = Transformer(cfg, rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model)
+  sp_row = jnp.asarray([1.0, 0.0, 1.0, 0.0], jnp.float32)  # plain sampling
+  state = decode.init_state(cfg, rows, 256, sp_row)
+  state = state.replace(
+    cache=state.cache.replace(index=jnp.full((rows,), 100, jnp.int32)),
+    tokens=jnp.ones((rows,), jnp.int32),
+    keys=jax.vmap(jax.random.PRNGKey)(jnp.arange(rows)),
+    limit=jnp.full((rows,), 10**6, jnp.int32),
+    active=jnp.ones((rows,), bool),
+  )
+  stop_ids = jnp.full((1,), -1, jnp.int32)  # no stop token: every step runs
+  run = functools.partial(
+    decode.decode_chunk, graphdef, num_steps=steps, attend_len=128
+  )
+
+  @jax.jit
+  def recorded(params, state):
+    return run(params, state, stop_ids, 0)
+
+  @jax.jit
+  def unrecorded(params, state):
+    state, chunk = run(params, state, stop_ids, 0)
+    return state, chunk.replace(routing=None)
+
+  args = (params, state)
+  cost = (program_cost(unrecorded, *args), program_cost(recorded, *args))
+  return paired(unrecorded, args, recorded, args, rounds), cost
 
 
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument('--tokens', type=int, default=2048)
-  parser.add_argument('--repeat', type=int, default=5)
+  parser.add_argument('--rounds', type=int, default=21)
+  parser.add_argument('--decode-steps', type=int, default=32)
   args = parser.parse_args()
   e, k, f = 8, 2, 96
+  n, r = args.tokens, args.rounds
   print(f'device: {jax.devices()[0].device_kind}, E={e} k={k} F={f}')
-  g, dn = bench_dispatch(args.tokens, 128, e, f, k, args.repeat)
+  print(f'figures: median of {r} interleaved rounds of B/A time (IQR)')
+  p = bench_dispatch(n, 128, e, f, k, r)
   print(
-    f'(a) MoE block fwd+bwd, {args.tokens} tokens: grouped {g:,.0f} tok/s, '
-    f'dense reference {dn:,.0f} tok/s, grouped/dense {g / dn:.2f}x'
+    f'(a) MoE block fwd+bwd, {n} tokens: dense reference {n / p["a"]:,.0f} '
+    f'tok/s, grouped {n / p["b"]:,.0f} tok/s; grouped/dense time '
+    + fmt_ratio(p)
   )
   moe, dense = policy_configs(e, k, f)
   seq = 256
   tokens = jnp.asarray(
-    np.random.default_rng(0).integers(0, 512, (args.tokens // seq, seq))
+    np.random.default_rng(0).integers(0, 512, (n // seq, seq))
   )
-  t_moe = train_throughput(moe, tokens, args.repeat)
-  t_dense = train_throughput(dense, tokens, args.repeat)
+  (g_dense, s_dense), (g_moe, s_moe) = train_grad(dense), train_grad(moe)
+  p = paired(g_dense, (s_dense, tokens, None), g_moe, (s_moe, tokens, None), r)
   print(
-    f'(b) policy fwd+bwd: MoE {t_moe:,.0f} tok/s, dense (MLP {k * f}) '
-    f'{t_dense:,.0f} tok/s, MoE/dense {t_moe / t_dense:.2f}x'
+    f'(b) policy fwd+bwd: dense (MLP {k * f}) {n / p["a"]:,.0f} tok/s, MoE '
+    f'{n / p["b"]:,.0f} tok/s; MoE/dense time ' + fmt_ratio(p)
   )
-  plain, recorded = decode_record_cost(moe, 64, args.repeat * 4)
+  rows, steps = 64, args.decode_steps
+  p, (ca, cb) = decode_record_cost(moe, rows, steps, r)
   print(
-    f'(c) decode step, 64 rows: without routing {plain * 1e3:.2f} ms, '
-    f'recording it {recorded * 1e3:.2f} ms, +{recorded / plain - 1:.1%}'
+    f'(c) decode chunk, {rows} rows x {steps} steps: without routing '
+    f'{p["a"] * 1e3:.1f} ms, recording it {p["b"] * 1e3:.1f} ms; '
+    f'recorded/unrecorded time {fmt_ratio(p)}; programs: {fmt_cost(ca, cb)}'
   )
-  model = Transformer(moe, rngs=nnx.Rngs(0))
-  replay = nnx.jit(lambda m, t: m.routed_hidden_states(t)[2].experts)(
-    model, tokens
-  )
-  free = train_throughput(moe, tokens, args.repeat)
-  replayed = train_throughput(moe, tokens, args.repeat, replay=replay)
+  p, (ca, cb) = replay_cost(moe, tokens, r)
   print(
-    f'(d) update fwd+bwd: free routing {free:,.0f} tok/s, replayed '
-    f'{replayed:,.0f} tok/s, slowdown {free / replayed - 1:+.1%}'
+    f'(d) update fwd+bwd: free routing {n / p["a"]:,.0f} tok/s, replayed '
+    f'{n / p["b"]:,.0f} tok/s; replayed/free time {fmt_ratio(p)}; '
+    f'programs: {fmt_cost(ca, cb)}'
   )
 
 

@@ -85,10 +85,9 @@ def response_logp(
 
 def _dense_logp(run: RunConfig, model: Any, batch: TrainBatch, entropy: bool):
   """`response_logp` of a dense policy, by `rollout.logprob_mode`."""
-  if run.rollout.logprob_mode == 'truncated':
-    return _truncated_logp(model, batch, entropy)
-  if run.rollout.logprob_mode == 'replay':
-    return _replay_logp(model, batch, entropy, run.model.logprob_chunk)
+  if run.rollout.logprob_mode != 'full':
+    hidden, _ = model.hidden_states(batch.tokens, segment_ids=batch.segment_ids)
+    return _logp_from_hidden(run, model, batch, hidden, entropy)
   out = token_logprobs(
     model,
     batch.tokens,
@@ -102,12 +101,49 @@ def _dense_logp(run: RunConfig, model: Any, batch: TrainBatch, entropy: bool):
   return at_response(out, batch)
 
 
-def _truncated_logp(model: Any, batch: TrainBatch, entropy: bool) -> Any:
+def _logp_from_hidden(
+  run: RunConfig, model: Any, batch: TrainBatch, hidden: Any, entropy: bool
+):
+  """`response_logp` from the final hidden states [B, S, D] of the batch's
+  tokens (dense or MoE forward), by `rollout.logprob_mode`."""
+  mode = run.rollout.logprob_mode
+  if mode == 'truncated':
+    return _truncated_logp(model, batch, hidden, entropy)
+  kept = {}
+  if mode == 'replay':
+    p = batch.tokens.shape[1] - batch.response_mask.shape[1]
+    # Prompt positions get an empty set (scored, then cut by at_response).
+    kept = dict(
+      kept_ids=jnp.pad(
+        batch.kept_ids, ((0, 0), (p - 1, 0), (0, 0)), constant_values=-1
+      ),
+      kept_count=jnp.pad(batch.kept_count, ((0, 0), (p - 1, 0))),
+    )
+  cfg = model.config
+  out = logprobs_from_hidden(
+    hidden[:, :-1],
+    model.head_weight(),
+    batch.tokens[:, 1:],
+    temperature=batch.temperature,
+    chunk_size=run.model.logprob_chunk,
+    return_entropy=entropy,
+    dtype=cfg.dtype,
+    precision=matmul_precision(cfg),
+    real_vocab_size=cfg.real_vocab_size,
+    **kept,
+  )
+  if entropy:
+    return at_response(out[0], batch), at_response(out[1], batch)
+  return at_response(out, batch)
+
+
+def _truncated_logp(
+  model: Any, batch: TrainBatch, hidden: Any, entropy: bool
+) -> Any:
   """docs/math/rollout_contract.md §2 'truncated': the engine's rule on the
   trainer's logits, over K' = K_θ ∪ {y_t} (a constant set), with full-vocabulary
   logits."""
-  logits = model(batch.tokens, segment_ids=batch.segment_ids)
-  logits = at_response(logits, batch)
+  logits = at_response(model.logits(hidden), batch)
   p = batch.tokens.shape[1] - batch.response_mask.shape[1]
   y = batch.tokens[:, p:]
   row = lambda x: x[:, None]  # noqa: E731  [B] -> [B, 1] per position
@@ -130,35 +166,6 @@ def _truncated_logp(model: Any, batch: TrainBatch, entropy: bool) -> Any:
   return trunc, ent
 
 
-def _replay_logp(model: Any, batch: TrainBatch, entropy: bool, chunk: int):
-  """`logprob_mode='replay'`: log-probs renormalised over the engine's kept
-  sets (`replay_logprobs`), entropy of the full distribution."""
-  hidden, _ = model.hidden_states(batch.tokens, segment_ids=batch.segment_ids)
-  p = batch.tokens.shape[1] - batch.response_mask.shape[1]
-  # Prompt positions get an empty set (scored, then cut by at_response).
-  ids = jnp.pad(
-    batch.kept_ids, ((0, 0), (p - 1, 0), (0, 0)), constant_values=-1
-  )
-  count = jnp.pad(batch.kept_count, ((0, 0), (p - 1, 0)))
-  cfg = model.config
-  out = logprobs_from_hidden(
-    hidden[:, :-1],
-    model.head_weight(),
-    batch.tokens[:, 1:],
-    temperature=batch.temperature,
-    chunk_size=chunk,
-    return_entropy=entropy,
-    dtype=cfg.dtype,
-    precision=matmul_precision(cfg),
-    real_vocab_size=cfg.real_vocab_size,
-    kept_ids=ids,
-    kept_count=count,
-  )
-  if entropy:
-    return at_response(out[0], batch), at_response(out[1], batch)
-  return at_response(out, batch)
-
-
 def replay_experts(run: RunConfig, batch: TrainBatch) -> jax.Array | None:
   """The routing an MoE forward replays, `[B, P + T, L_moe, k]` or None:
   the engine's (`'rollout'`, R3), π_old's once prepare has filled it
@@ -175,33 +182,15 @@ def replay_experts(run: RunConfig, batch: TrainBatch) -> jax.Array | None:
 
 
 def _moe_logp(run: RunConfig, model: Any, batch: TrainBatch, entropy: bool):
-  """The default log-prob path of an MoE policy, with its routing."""
-  if run.rollout.logprob_mode != 'full':
-    raise ValueError(
-      f'rollout.logprob_mode={run.rollout.logprob_mode!r} with an MoE '
-      "policy: only 'full' is implemented for MoE (docs/moe.md)"
-    )
+  """`response_logp` of an MoE policy (any `rollout.logprob_mode`), with
+  its routing: one routed forward, then the mode's log-probs."""
   hidden, _, stats = model.routed_hidden_states(
     batch.tokens,
     segment_ids=batch.segment_ids,
     replay=replay_experts(run, batch),
     token_mask=batch.segment_ids != 0,
   )
-  cfg = model.config
-  out = logprobs_from_hidden(
-    hidden[:, :-1],
-    model.head_weight(),
-    batch.tokens[:, 1:],
-    temperature=batch.temperature,
-    chunk_size=run.model.logprob_chunk,
-    return_entropy=entropy,
-    dtype=cfg.dtype,
-    precision=matmul_precision(cfg),
-    real_vocab_size=cfg.real_vocab_size,
-  )
-  if entropy:
-    return (at_response(out[0], batch), at_response(out[1], batch)), stats
-  return at_response(out, batch), stats
+  return _logp_from_hidden(run, model, batch, hidden, entropy), stats
 
 
 def critic_values(graphdef: Any, params: Any, batch: TrainBatch) -> jax.Array:
