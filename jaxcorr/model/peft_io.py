@@ -77,6 +77,11 @@ def peft_tensors(
 
   def put(i, key, a, b):
     module, experts = _module_names(key, i in moe_layers, names)
+    if a.ndim != 2 + experts:
+      raise ValueError(
+        f'adapter {key} of layer {i} has A of shape {a.shape}: stacked '
+        'experts need the MoE model config (peft_tensors(..., model=))'
+      )
     pairs = zip(a, b) if experts else [(a, b)]
     for e, (ae, be) in enumerate(pairs):
       prefix = f'base_model.model.model.layers.{i}.{module.format(e=e)}'
@@ -90,8 +95,6 @@ def peft_tensors(
         put(i, path, a[i], b[i])
     else:
       put(path[0], path[1:], a, b)
-  if not moe_layers and any('.experts.' in k for k in out):
-    raise ValueError('an MoE adapter needs its model config (model=)')
   return out
 
 

@@ -21,7 +21,12 @@ from jaxcorr.model.lora import (
   plain_pure,
   split_adapter,
 )
-from jaxcorr.model.peft_io import peft_refusal, save_peft, target_modules
+from jaxcorr.model.peft_io import (
+  peft_refusal,
+  peft_tensors,
+  save_peft,
+  target_modules,
+)
 from tests.helpers.model_testing import forward, random_model, tiny_config
 
 torch = pytest.importorskip('torch')
@@ -149,6 +154,14 @@ def test_moe_adapters_peft_cannot_load_are_refused(tmp_path):
       model=moe,
     )
   assert not (tmp_path / 'x').exists()
+  node = {'lora_a': np.ones((4, 16, 2)), 'lora_b': np.ones((4, 2, 8))}
+  pure = {'layers': {1: {'mlp': {'up_proj': {'lora': node}}}}}
+  with pytest.raises(ValueError, match='MoE model config'):
+    peft_tensors(pure)
+  keys = peft_tensors(pure, moe)
+  assert len(keys) == 8
+  up = 'base_model.model.model.layers.1.mlp.experts.3.up_proj'
+  assert keys[f'{up}.lora_B.weight'].shape == (8, 2)
   mixtral = moe.replace(architecture='MixtralForCausalLM', intermediate_size=8)
   assert target_modules(mlp, mixtral) == ['w1', 'w3', 'w2']
   assert target_modules(mlp, None) == ['gate_proj', 'up_proj', 'down_proj']
