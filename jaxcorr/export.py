@@ -239,7 +239,7 @@ def _export_lora(config, cfg, lora, ckpt_dir, out, step, dtype, adapter):
     )
   hf_path = config.model.hf_path
   if adapter:
-    save_peft(params, lora, out, base_model=hf_path)
+    save_peft(params, lora, out, base_model=hf_path, model=cfg)
     return step
   if hf_path:
     base = load_hf(

@@ -102,6 +102,18 @@ _MOE_NAMES = {
   ),
   'default': dict(moe='mlp', gate='gate_proj', up='up_proj', down='down_proj'),
 }
+
+
+def moe_module_names(architecture: str) -> dict[str, str]:
+  """HF names of an MoE block (`moe`: its prefix in a layer) and of its
+  experts' projections (`gate_proj`, `up_proj`, `down_proj`: ours -> HF's:
+  Mixtral's `w1`, `w3`, `w2`) for `architecture`."""
+  f = _MOE_NAMES.get(architecture, _MOE_NAMES['default'])
+  return dict(
+    moe=f['moe'], gate_proj=f['gate'], up_proj=f['up'], down_proj=f['down']
+  )
+
+
 # Present in some checkpoints, never needed (recomputed from the config).
 _IGNORED_SUFFIXES = ('rotary_emb.inv_freq',)
 

@@ -16,7 +16,11 @@ as it was. Why `nnx.LoRA` and not qwix's provider: docs/lora.md.
 
 With `scan_layers` the adapters are stacked like the layers ([L, in, r],
 logical axis `layers`), so the scan slices them with the rest. Adapter
-params are small and replicated (no logical axis but `layers`).
+params are small and replicated (no logical axis but `layers`), except
+those of MoE experts: in an MoE layer the MLP names (gate_proj, up_proj,
+down_proj) target every expert's projection (`ExpertLora`, A [E, in, r],
+sharded like the experts) and the shared expert's, never the router
+(docs/lora.md).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from jaxcorr.config.fields import (
   validate,
 )
 from jaxcorr.model.layers import Linear
+from jaxcorr.model.lora_experts import ExpertLora
+from jaxcorr.model.moe import MoEBlock
 from jaxcorr.model.transformer import Transformer
 
 ATTENTION = ('q_proj', 'k_proj', 'v_proj', 'o_proj')
@@ -87,7 +93,8 @@ class LoraConfig:
     ATTENTION,
     _targets,
     'Projections that get an adapter, by PEFT name: q_proj, k_proj, '
-    'v_proj, o_proj, gate_proj, up_proj, down_proj (comma-separated).',
+    'v_proj, o_proj, gate_proj, up_proj, down_proj (comma-separated; in '
+    'MoE layers the MLP names target every expert and the shared expert).',
     cli='q_proj,k_proj,v_proj,o_proj',
   )
   engine_merged: bool = setting(
@@ -194,14 +201,32 @@ def apply_lora(model: Transformer, cfg: LoraConfig) -> Transformer:
   (in place; returns `model`). A is drawn from `cfg.seed`, B is zero."""
   rngs = nnx.Rngs(cfg.seed)
   stacked = model.config.scan_layers
+  n = model.config.num_layers if stacked else None
   layers = [model.layers] if stacked else list(model.layers)
+
+  def wrap(parent, name):
+    base = getattr(parent, name)
+    shape = base.kernel.shape[1:] if stacked else base.kernel.shape
+    setattr(parent, name, LoraLinear(base, cfg, shape, rngs=rngs, stacked=n))
+
   for layer in layers:
     for name in cfg.target_modules:
       parent = getattr(layer, _PARENT[name])
-      base = getattr(parent, name)
-      shape = base.kernel.shape[1:] if stacked else base.kernel.shape
-      n = model.config.num_layers if stacked else None
-      setattr(parent, name, LoraLinear(base, cfg, shape, rngs=rngs, stacked=n))
+      if not isinstance(parent, MoEBlock):
+        wrap(parent, name)
+        continue
+      expert = ExpertLora(
+        getattr(parent, name),
+        rank=cfg.rank,
+        scale=cfg.scale,
+        dropout=cfg.dropout,
+        dtype=parent.dtype,
+        rngs=rngs,
+        stacked=n,
+      )
+      setattr(parent, name, expert)
+      if parent.shared_expert is not None:  # Qwen2-MoE: a plain MLP
+        wrap(parent.shared_expert, name)
   return model
 
 
@@ -235,7 +260,7 @@ def enable_dropout(model: Transformer, key: jax.Array) -> None:
   update) its own dropout key; without one the adapter never drops."""
   i = 0
   for _, m in nnx.iter_graph(model):
-    if isinstance(m, LoraLinear) and m.dropout > 0:
+    if isinstance(m, LoraLinear | ExpertLora) and m.dropout > 0:
       m.dropout_key = nnx.data(jax.random.fold_in(key, i))
       i += 1
 
@@ -244,8 +269,8 @@ def enable_dropout(model: Transformer, key: jax.Array) -> None:
 
 
 def _adapter_paths(pure: dict) -> list[tuple]:
-  """Paths (tuples of keys) of every LoraLinear in a pure-dict state: the
-  dicts holding both `base` and `lora`."""
+  """Paths (tuples of keys) of every LoraLinear / ExpertLora in a
+  pure-dict state: the dicts holding both `base` and `lora`."""
   out = []
 
   def walk(d, path):
@@ -268,7 +293,8 @@ def _get(d: dict, path: tuple) -> Any:
 
 def delta(a: jax.Array, b: jax.Array, scale: float, shape: tuple) -> jax.Array:
   """alpha / r · A B reshaped to the kernel `shape` (a [.., in, r], b
-  [.., r, out]; leading stacked-layer axes kept), float32 accumulation."""
+  [.., r, out]; leading stacked-layer and expert axes kept), float32
+  accumulation."""
   d = jnp.einsum(
     '...ir,...ro->...io',
     a.astype(jnp.float32),
@@ -280,7 +306,8 @@ def delta(a: jax.Array, b: jax.Array, scale: float, shape: tuple) -> jax.Array:
 
 def merged_pure(pure: dict, scale: float) -> dict:
   """A LoRA model's pure-dict state -> the plain `Transformer`'s, with
-  W + scale · A B in each targeted kernel (dtype of W)."""
+  W + scale · A B in each targeted kernel (dtype of W; per expert,
+  W_e + scale · A_e B_e, for stacked experts)."""
 
   def copy(d):
     return {k: copy(v) for k, v in d.items()} if isinstance(d, dict) else d
@@ -288,12 +315,12 @@ def merged_pure(pure: dict, scale: float) -> dict:
   out = copy(pure)
   for path in _adapter_paths(pure):
     node = _get(pure, path)
-    base = dict(node['base'])
-    w = base['kernel']
+    linear = isinstance(node['base'], dict)  # LoraLinear; else ExpertLora
+    w = node['base']['kernel'] if linear else node['base']
     d = delta(node['lora']['lora_a'], node['lora']['lora_b'], scale, w.shape)
-    base['kernel'] = (w.astype(jnp.float32) + d).astype(w.dtype)
+    w = (w.astype(jnp.float32) + d).astype(w.dtype)
     parent = _get(out, path[:-1])
-    parent[path[-1]] = base
+    parent[path[-1]] = {**node['base'], 'kernel': w} if linear else w
   return out
 
 

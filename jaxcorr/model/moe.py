@@ -28,9 +28,15 @@ through the gates; tokens whose replay row holds a -1 (padding) fall back to
 the block's own choice. Each call also returns the block's own choice
 (`natural`, for the agreement metrics) and its load-balancing statistics,
 reduced over the tokens of `token_mask` only.
+
+LoRA on the experts (jaxcorr/model/lora_experts.py) swaps a stacked kernel
+attribute for an `ExpertAdapter`; both dispatches then add its low-rank
+term per expert (the grouped one over the same sorted rows).
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import flax.struct
 import jax
@@ -51,6 +57,28 @@ from jaxcorr.sharding import constrain
 
 NO_EXPERT = -1
 """Replay / record sentinel: no routing for this position (padding)."""
+
+EXPERT_PROJECTIONS = ('gate_proj', 'up_proj', 'down_proj')
+"""`MoEBlock`'s stacked expert kernels, in dispatch order."""
+
+
+class ExpertAdapter(Protocol):
+  """A low-rank term on a stacked expert kernel (`ExpertLora`)."""
+
+  def kernel(self) -> jax.Array:
+    """The stacked base kernel [E, in, out] in compute dtype."""
+    ...
+
+  def grouped(self, h, sizes, precision=None) -> jax.Array:
+    """The term for expert-sorted rows h [M, in] -> [M, out]."""
+    ...
+
+  def dense(self, h, precision=None) -> jax.Array:
+    """The term of every expert: h [N, in] or [E, N, in] -> [E, N, out]."""
+    ...
+
+
+Adapters = tuple[ExpertAdapter | None, ...]
 
 
 @flax.struct.dataclass
@@ -144,10 +172,12 @@ def grouped_experts(
   w_up: jax.Array,
   w_down: jax.Array,
   precision: jax.lax.Precision | None = None,
+  adapters: Adapters = (None, None, None),
 ) -> jax.Array:
   """sum_j gates[n, j] * SwiGLU_{experts[n, j]}(x[n]) as one grouped matmul.
 
-  x [N, D]; experts, gates [N, k]; w_gate, w_up [E, D, F]; w_down [E, F, D].
+  x [N, D]; experts, gates [N, k]; w_gate, w_up [E, D, F]; w_down [E, F, D];
+  adapters: a low-rank term (or None) per kernel, in that order.
   The N * k (token, expert) pairs are sorted by expert so each expert's rows
   are contiguous; `ragged_dot` multiplies each group by its own kernel.
   """
@@ -158,11 +188,15 @@ def grouped_experts(
   rows = x[order // k]  # [N * k, D], grouped by expert
   sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
 
-  def dot(a, w):
-    return jax.lax.ragged_dot(a, w, sizes, precision=precision)
+  def dot(a, w, lr):
+    out = jax.lax.ragged_dot(a, w, sizes, precision=precision)
+    if lr is None:
+      return out
+    return out + lr.grouped(a, sizes, precision).astype(out.dtype)
 
-  h = jax.nn.silu(dot(rows, w_gate)) * dot(rows, w_up)
-  y = dot(h, w_down) * gates.reshape(-1)[order][:, None].astype(x.dtype)
+  lg, lu, ld = adapters
+  h = jax.nn.silu(dot(rows, w_gate, lg)) * dot(rows, w_up, lu)
+  y = dot(h, w_down, ld) * gates.reshape(-1)[order][:, None].astype(x.dtype)
   # Un-sort (a permutation) and add each token's k outputs in a fixed order.
   y = jnp.zeros_like(y).at[order].set(y)
   return y.reshape(n, k, -1).sum(axis=1)
@@ -176,6 +210,7 @@ def dense_experts(
   w_up: jax.Array,
   w_down: jax.Array,
   precision: jax.lax.Precision | None = None,
+  adapters: Adapters = (None, None, None),
 ) -> jax.Array:
   """The reference: every expert on every token, weighted by a dense [N, E]
   gate matrix (zero off the chosen set). Same signature as
@@ -184,11 +219,15 @@ def dense_experts(
   weight = jnp.einsum(
     'nk,nke->ne', gates, jax.nn.one_hot(experts, e, dtype=gates.dtype)
   )
-  g = jnp.einsum('nd,edf->enf', x, w_gate, precision=precision)
-  u = jnp.einsum('nd,edf->enf', x, w_up, precision=precision)
-  y = jnp.einsum(
-    'enf,efd->end', jax.nn.silu(g) * u, w_down, precision=precision
-  )
+  lg, lu, ld = adapters
+
+  def plus(out, lr, h):
+    return out if lr is None else out + lr.dense(h, precision).astype(out.dtype)
+
+  g = plus(jnp.einsum('nd,edf->enf', x, w_gate, precision=precision), lg, x)
+  u = plus(jnp.einsum('nd,edf->enf', x, w_up, precision=precision), lu, x)
+  h = jax.nn.silu(g) * u
+  y = plus(jnp.einsum('enf,efd->end', h, w_down, precision=precision), ld, h)
   return jnp.einsum('end,ne->nd', y, weight.astype(x.dtype))
 
 
@@ -247,14 +286,14 @@ class MoEBlock(nnx.Module):
     )
     aux, z, load = balance_stats(logits, natural, mask)
     run = _DISPATCH[self.dispatch]
+    kernels, adapters = self._experts()
     y = run(
       flat.astype(self.dtype),
       experts,
       gates,
-      self.gate_proj[...].astype(self.dtype),
-      self.up_proj[...].astype(self.dtype),
-      self.down_proj[...].astype(self.dtype),
+      *kernels,
       self.precision,
+      adapters,
     ).reshape(b, s, d)
     if self.shared_expert is not None:
       gate = jax.nn.sigmoid(self.shared_gate(x).astype(jnp.float32))
@@ -267,6 +306,17 @@ class MoEBlock(nnx.Module):
       load=load,
     )
     return y, stats
+
+  def _experts(self) -> tuple[tuple[jax.Array, ...], Adapters]:
+    """The stacked kernels in compute dtype and their adapters (None
+    where a kernel is a plain `nnx.Param`)."""
+    kernels, adapters = [], []
+    for name in EXPERT_PROJECTIONS:
+      p = getattr(self, name)
+      plain = isinstance(p, nnx.Variable)
+      kernels.append(p[...].astype(self.dtype) if plain else p.kernel())
+      adapters.append(None if plain else p)
+    return tuple(kernels), tuple(adapters)
 
 
 class MoEDecoderLayer(nnx.Module):

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxcorr.model import Transformer
 from jaxcorr.model.lora import (
   LoraConfig,
   has_lora,
@@ -45,7 +46,6 @@ from jaxcorr.model.lora import (
   probe_tokens,
   split_adapter,
 )
-from jaxcorr.model.transformer import Transformer
 from jaxcorr.sharding import param_shardings
 
 
