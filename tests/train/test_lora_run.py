@@ -80,6 +80,9 @@ def test_lora_moe_pulse_run_trains_syncs_and_exports(tmp_path):
   c.train.num_steps = 2
   c.train.eval_every = 0
   c.optim.learning_rate = 1e-2
+  # A scratch policy scores 0 on every row, so GRPO's advantages are 0: the
+  # entropy bonus gives every routed expert a gradient whatever the reward.
+  c.actor.entropy_coeff = 0.1
   c.lora.rank = 4
   c.lora.target_modules = 'q_proj,v_proj,gate_proj,up_proj,down_proj'
   trainer = Trainer.from_config(c, str(tmp_path / 'run'))
