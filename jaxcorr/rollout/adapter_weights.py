@@ -103,14 +103,13 @@ class DeliveryProbe:
 
   def __init__(self, config: Any, lora: LoraConfig):
     self.merged = lora.engine_merged
+    with_lora = nnx.eval_shape(lambda: lora_model(config, lora))
+    self.lora_abstract = nnx.state(with_lora)
     if self.merged:
       abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
     else:
-      abstract = nnx.eval_shape(lambda: lora_model(config, lora))
+      abstract = with_lora
     self.graphdef, self.abstract_state = nnx.split(abstract)
-    self.lora_abstract = nnx.state(
-      nnx.eval_shape(lambda: lora_model(config, lora))
-    )
     self.tokens = probe_tokens(config.vocab_size)
     self.cast = _cast(config.param_dtype)
     plain = self.abstract_state
@@ -143,8 +142,10 @@ class AdapterWeights:
   """The engine's params of a LoRA policy and their policy version (the
   interface of `PolicyWeights`).
 
+  The engine decodes with `delivery.graphdef` (plain when merged, LoRA when
+  not).
+
   Args:
-    abstract_state: the engine model's abstract `nnx.State`.
     config: the engine's `TransformerConfig` (its dtypes).
     lora: the adapters' config.
     mesh: the engine mesh (None: the default device, no placement).
@@ -153,7 +154,6 @@ class AdapterWeights:
 
   def __init__(
     self,
-    abstract_state: nnx.State,
     *,
     config: Any,
     lora: LoraConfig,
@@ -162,11 +162,10 @@ class AdapterWeights:
   ):
     self.lora = lora
     self.merged = lora.engine_merged
-    self.abstract = abstract_state
     self.delivery = DeliveryProbe(config, lora)
     self._shardings = self._lora_shardings = None
     if mesh is not None:
-      self._shardings = param_shardings(abstract_state, mesh)
+      self._shardings = param_shardings(self.delivery.abstract_state, mesh)
       self._lora_shardings = param_shardings(self.delivery.lora_abstract, mesh)
     tol = lora.delivery_tol
     self.tolerance = auto_tolerance(config.dtype) if tol is None else tol

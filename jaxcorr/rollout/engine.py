@@ -40,7 +40,7 @@ import jax
 from flax import nnx
 
 from jaxcorr.model import Transformer, TransformerConfig
-from jaxcorr.model.lora import LoraConfig, lora_model
+from jaxcorr.model.lora import LoraConfig
 from jaxcorr.model.quantized_weights import QuantSpec
 from jaxcorr.rollout import decode, layout, precision
 from jaxcorr.rollout.adapter_weights import AdapterWeights
@@ -320,30 +320,21 @@ def _weights(cfg, model, mesh, lora, quantization) -> tuple[Any, Any]:
   `AdapterWeights` over the plain graph (merged) or the LoRA graph
   (unmerged)."""
   lora = lora if lora is not None and lora.enabled else None
-  if lora is not None and not lora.engine_merged:
-    abstract = nnx.eval_shape(lambda: lora_model(cfg, lora))
-  else:
-    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-  graphdef, abstract_state = nnx.split(abstract)
-  if lora is None:
-    weights = PolicyWeights(
-      abstract_state,
-      param_dtype=cfg.param_dtype,
-      mesh=mesh,
-      initial=model,
-      quantize=precision.quantizer(graphdef, quantization),
-    )
-  else:
+  if lora is not None:
     if quantization is not None:
       raise ValueError(
         'a LoRA engine with quantized weights is not supported: '
         "config.rollout.quantization must be 'none' with config.lora.rank > 0"
       )
-    weights = AdapterWeights(
-      abstract_state,
-      config=cfg,
-      lora=lora,
-      mesh=mesh,
-      initial=model,
-    )
+    weights = AdapterWeights(config=cfg, lora=lora, mesh=mesh, initial=model)
+    return weights.delivery.graphdef, weights
+  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  graphdef, abstract_state = nnx.split(abstract)
+  weights = PolicyWeights(
+    abstract_state,
+    param_dtype=cfg.param_dtype,
+    mesh=mesh,
+    initial=model,
+    quantize=precision.quantizer(graphdef, quantization),
+  )
   return graphdef, weights
