@@ -13,9 +13,13 @@ results and the template's turn markers are context, never a loss term
   python -m jaxcorr.main --config=configs/arith_tool.py:pulse ...
 
 The config string is `[pulse+]<preset>` as in configs/arith_tiny.py.
-There is no warm-up: the model starts from random weights, so early
-trajectories are mostly malformed calls and wrong answers; `pulse` checks
-that every stage of a multi-turn step runs, not that it learns.
+The SFT warm-up (`train.sft_steps`, configs/arith_tiny.py's 300 steps)
+trains on the calculator expert's demonstrations
+(jaxcorr/agents/demonstrations.py): '(17*25)', the tool's '= 425', then
+'425', played through the real environment, the loss on the agent's
+tokens only. RL then starts from a model that calls the tool. `pulse`
+(2 SFT steps) checks that every stage of a multi-turn step runs, not that
+it learns.
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ def apply_task(config: ml_collections.ConfigDict) -> None:
   config.rollout.max_prompt_length = 16  # BOS + 'Q: 99*99=?\nA: '
   config.rollout.max_new_tokens = 40  # all turns after the prompt
   config.rollout.decode_chunk = 16
-  config.train.sft_steps = 0
   config.agent.environment = 'calculator'
   config.agent.chat_template = 'arith'
   config.agent.call_start = '('
@@ -53,6 +56,5 @@ def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
     apply_task(config)
     if pulse:
       arith_tiny.apply_pulse(config)
-      config.train.sft_steps = 0
 
   return base.get_config(preset, task=task)

@@ -26,6 +26,7 @@ the `agent` config), like reward functions.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -65,14 +66,24 @@ class Environment(Protocol):
     ...
 
 
+Expert = Callable[[Example, Sequence[Message]], 'str | None']
+"""A scripted agent for demonstrations: `expert(row, messages)` is the
+next agent turn's text given the conversation so far (the opening
+messages, then each turn's observation), or None when it is done
+(jaxcorr/agents/demonstrations.py)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class EnvironmentSpec:
-  """A registered environment: its tools, their call format and a factory
-  of fresh environments (each given the shared `ToolRunner`)."""
+  """A registered environment: its tools, their call format, a factory
+  of fresh environments (each given the shared `ToolRunner`) and,
+  optionally, an `Expert` whose play-through is the SFT warm-up's data
+  (`train.sft_steps` with agents)."""
 
   tools: tuple[Tool, ...]
   call_format: ToolCallFormat
   make: Callable[[ToolRunner], Environment]
+  expert: Expert | None = None
 
 
 class ToolEnvironment:
@@ -201,4 +212,22 @@ def calculator_environment(cfg: Any) -> EnvironmentSpec:
     lambda runner: ToolEnvironment(
       runner, fmt, system, cfg.terse_errors, cfg.user_content
     ),
+    expert=functools.partial(_calculator_expert, fmt),
   )
+
+
+def _calculator_expert(
+  fmt: ToolCallFormat, row: Example, messages: Sequence[Message]
+) -> str | None:
+  """Call the calculator on the row's expression ('17*25=' -> '17*25'),
+  then answer with what it returned, then stop."""
+  results = [m['content'] for m in messages if m['role'] == 'tool']
+  agent_turns = sum(m['role'] == 'assistant' for m in messages)
+  if agent_turns >= 2:
+    return None
+  if not results:
+    expression = row.prompt.strip().rstrip('=?').strip()
+    return fmt.render(
+      ToolCall('calculator', {'expression': expression}), 'expression'
+    )
+  return results[-1]

@@ -20,6 +20,11 @@ import numpy as np
 
 from jaxcorr.agents.config import AgentConfig
 from jaxcorr.agents.continuation import Continuation, cache_headroom
+from jaxcorr.agents.demonstrations import (
+  Demonstration,
+  demonstrate,
+  turn_end_id,
+)
 from jaxcorr.agents.driver import AgentDecoder, Episode, TurnLimits
 from jaxcorr.agents.environment import environment_spec
 from jaxcorr.agents.tool_runner import OUTCOMES, ToolRunner
@@ -135,12 +140,7 @@ class AgentRollouts:
       for s in range(num_samples):
         env = self.spec.make(self.runner)
         ids = self.turns.prompt_ids(env.reset(ex))
-        if len(ids) > self.prompt_length:
-          raise ValueError(
-            f'an agent prompt has {len(ids)} tokens > '
-            f'config.rollout.max_prompt_length={self.prompt_length}: '
-            f'{ex.prompt[:80]!r}'
-          )
+        self._check_prompt(ids, ex)
         prompt = prompt if prompt == ids else ids  # samples share a prefill
         row = i * num_samples + s
         tr = Trajectory(row=row, group=i, sample=s, prompt=prompt)
@@ -175,6 +175,33 @@ class AgentRollouts:
     finals = [t.final_text for t in trajectories]
     turn_rewards = np.asarray([t.reward for t in trajectories], np.float32)
     return batch, finals, turn_rewards, metrics
+
+  def demonstrations(self, examples: Sequence[Example]) -> list[Demonstration]:
+    """The environment expert's trajectories on `examples` (the SFT
+    warm-up's rows; jaxcorr/agents/demonstrations.py)."""
+    end = turn_end_id(self.turns, self.tokenizer, self.stop_ids)
+    out = []
+    for ex in examples:
+      demo = demonstrate(
+        self.spec,
+        self.runner,
+        self.turns,
+        self.tokenizer,
+        end,
+        ex,
+        max_turns=self.cfg.max_turns,
+      )
+      self._check_prompt(demo.prompt, ex)
+      out.append(demo)
+    return out
+
+  def _check_prompt(self, ids: Sequence[int], ex: Example) -> None:
+    if len(ids) > self.prompt_length:
+      raise ValueError(
+        f'an agent prompt has {len(ids)} tokens > '
+        f'config.rollout.max_prompt_length={self.prompt_length}: '
+        f'{ex.prompt[:80]!r}'
+      )
 
   def close(self) -> None:
     self.runner.close()

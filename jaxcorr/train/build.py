@@ -375,4 +375,12 @@ def check_components(run: RunConfig) -> None:
   sinks.check_installed(run.train.loggers)
   eval_sets.check(run)
   if run.agent.enabled:
-    environment_spec(run.agent.environment, run.agent)
+    spec = environment_spec(run.agent.environment, run.agent)
+    if run.train.sft_steps and spec.expert is None:
+      fields.fail(
+        'config.train.sft_steps',
+        run.train.sft_steps,
+        f'0 with config.agent.environment={run.agent.environment!r}',
+        'the SFT warm-up of a multi-turn run plays the environment expert, '
+        'and this environment has none (jaxcorr/agents/demonstrations.py)',
+      )

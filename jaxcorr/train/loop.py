@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -39,6 +40,7 @@ from flax import nnx
 
 from jaxcorr import rewards as reward_fns
 from jaxcorr.data import text
+from jaxcorr.data.tasks import Example
 from jaxcorr.rewards import RewardScorer
 from jaxcorr.train import (
   build,
@@ -211,7 +213,7 @@ class Trainer:
       self.graphdef,
       self.state.params,
       loader=self.sft_loader,
-      rows=lambda ex: sft.sft_batch(run, self.tokenizer, self.stage.encode, ex),
+      rows=self._sft_rows,
       mesh=self.mesh,
       batch_shards=self.batch_shards,
       param_shardings=self.param_shardings,
@@ -223,6 +225,14 @@ class Trainer:
       # init_from_policy copies: the update donates both param trees.
       self.state = self.state.replace(critic_params=nnx.state(critic))
     self.sft_done = True
+
+  def _sft_rows(self, examples: Sequence[Example]) -> sft.SFTBatch:
+    """SFT rows: the task's answers, or with agents the environment
+    expert's demonstrations (jaxcorr/agents/demonstrations.py)."""
+    agents = self.stage.agents
+    if agents is not None:
+      return sft.demonstration_batch(self.run, agents.demonstrations(examples))
+    return sft.sft_batch(self.run, self.tokenizer, self.stage.encode, examples)
 
   def train_on(self, scored: Scored) -> dict[str, float]:
     """One RL update on a scored batch (`rl_step.py`); the step's metrics.

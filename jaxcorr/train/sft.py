@@ -1,4 +1,5 @@
-"""SFT warm-up: cross-entropy on prompt -> answer rows before RL.
+"""SFT warm-up: cross-entropy on prompt -> answer rows before RL (with
+agents: on an expert's multi-turn demonstrations, agent tokens only).
 
 A policy from scratch never earns a reward, so GRPO's advantages are all
 zero: `train.sft_steps` steps of supervised learning on the task's answers
@@ -20,6 +21,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxcorr.agents.demonstrations import Demonstration
 from jaxcorr.data.prompts import PromptLoader
 from jaxcorr.data.tasks import Example
 from jaxcorr.model import token_logprobs
@@ -50,17 +52,40 @@ def sft_batch(
 ) -> SFTBatch:
   """The rows of `examples`: the encoded prompt, then the answer and EOS
   (cut at `rollout.max_new_tokens`), whose predictions the loss reads."""
+  rows = []
+  for ex, p in zip(examples, encode(examples)):
+    a = [*tokenizer.encode(ex.answer, bos=False), tokenizer.eos_id]
+    rows.append((p, a, [True] * len(a)))
+  return _rows(run, rows)
+
+
+def demonstration_batch(
+  run: RunConfig, demonstrations: Sequence[Demonstration]
+) -> SFTBatch:
+  """Multi-turn expert trajectories (jaxcorr/agents/demonstrations.py):
+  the loss reads the agent's tokens only, as in RL; cut at
+  `rollout.max_new_tokens` after the prompt."""
+  return _rows(run, [(d.prompt, d.tokens, d.agent) for d in demonstrations])
+
+
+def _rows(
+  run: RunConfig,
+  rows: Sequence[tuple[Sequence[int], Sequence[int], Sequence[bool]]],
+) -> SFTBatch:
+  """(prompt, response, trained) rows, the response cut at T, right-padded
+  to S = P + T; `trained[j]` puts the prediction of response token j in
+  the loss."""
   r = run.rollout
   s = r.max_prompt_length + r.max_new_tokens
-  b = len(examples)
+  b = len(rows)
   tokens = np.zeros((b, s), np.int32)
   loss_mask = np.zeros((b, s - 1), bool)
   seg = np.zeros((b, s), np.int32)
-  for i, (ex, p) in enumerate(zip(examples, encode(examples))):
-    a = [*tokenizer.encode(ex.answer, bos=False), tokenizer.eos_id]
-    row = p + a[: r.max_new_tokens]
+  for i, (p, a, trained) in enumerate(rows):
+    a, trained = list(a)[: r.max_new_tokens], list(trained)[: r.max_new_tokens]
+    row = [*p, *a]
     tokens[i, : len(row)] = row
-    loss_mask[i, len(p) - 1 : len(row) - 1] = True
+    loss_mask[i, len(p) - 1 : len(row) - 1] = trained
     seg[i, : len(row)] = 1
   return SFTBatch(tokens=tokens, segment_ids=seg, loss_mask=loss_mask)
 

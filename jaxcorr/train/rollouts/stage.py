@@ -98,6 +98,15 @@ def make_engine(run: RunConfig, policy: Any, mesh: Any) -> PolicyEngine:
   )
 
 
+# The agent metrics a greedy evaluation reports (as eval/<name>).
+_EVAL_AGENT_METRICS = (
+  'agent/tool_call_rate',
+  'agent/turns_mean',
+  'agent/malformed_calls',
+  'agent/truncated_fraction',
+)
+
+
 def step_seed(seed: int, step: int) -> int:
   """A per-step sampling seed, independent of the steps before it."""
   return int(np.random.SeedSequence([seed, step]).generate_state(1)[0] >> 1)
@@ -288,9 +297,14 @@ class RolloutStage:
     """`evaluate`'s metrics of a greedy batch."""
     primary = scored.metrics[f'reward/{self.scorer.names[0]}/mean']
     lengths = np.asarray(scored.batch.response_mask).sum(1)
-    return {
+    out = {
       'eval/reward_mean': Metric.avg(float(np.mean(scored.rewards))),
       'eval/accuracy': Metric.avg(float(primary.value)),
       'eval/response_length': Metric.avg(float(lengths.mean())),
       'time/eval': scored.metrics['time/rollout'],
     }
+    # With agents: how the greedy policy uses its tools.
+    for k in _EVAL_AGENT_METRICS:
+      if k in scored.metrics:
+        out[k.replace('agent/', 'eval/')] = scored.metrics[k]
+    return out
