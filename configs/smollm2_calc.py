@@ -64,6 +64,9 @@ def apply_task(
   config.train.eval_prompts = 64
   config.train.sft_steps = 16
   config.train.sft_batch_size = 8
+  # Trajectories fill up to 448 positions: 4 micro-batches of 8 rows keep
+  # the float32 update's activations near configs/smollm2_rg.py's (~15 GB).
+  config.train.micro_batches = 4
   config.optim.sft_learning_rate = 2e-5
 
 
