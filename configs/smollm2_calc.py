@@ -50,21 +50,21 @@ def apply_task(
   config.data.max_operand = 999
   config.data.ops = '*'
   config.data.prompt_template = smollm2_arith.prompt_template(model_dir)
-  config.rollout.max_prompt_length = 256  # system message with the schema
-  config.rollout.max_new_tokens = 192  # every turn after the prompt
+  config.rollout.max_prompt_length = 192  # the schema system message: <= 189
+  config.rollout.max_new_tokens = 96  # every turn after the prompt
   config.rollout.decode_chunk = 32
   config.agent.environment = 'calculator'
   config.agent.chat_template = 'model'
   config.agent.user_content = 'What is {prompt}'
   config.agent.system_prompt = True
   config.agent.max_turns = 3
-  config.agent.turn_tokens = 64
+  config.agent.turn_tokens = 48
   config.agent.max_env_tokens = 32
   config.data.eval_examples = 64
   config.train.eval_prompts = 64
   config.train.sft_steps = 16
   config.train.sft_batch_size = 8
-  # Trajectories fill up to 448 positions: 4 micro-batches of 8 rows keep
+  # Trajectories fill up to 288 positions: 4 micro-batches of 8 rows keep
   # the float32 update's activations near configs/smollm2_rg.py's (~15 GB).
   config.train.micro_batches = 4
   config.optim.sft_learning_rate = 2e-5
