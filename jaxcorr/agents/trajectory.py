@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from jaxcorr.rollout import FinishReason, RolloutBatch
+from jaxcorr.rollout.driver import sequence_fields
 from jaxcorr.rollout.state import SamplingParams
 
 
@@ -106,50 +107,14 @@ def to_batch(
   """Trajectories (row i at position i) -> a host `RolloutBatch` of
   [B, prompt_length] prompts (left-padded) and [B, response_length]
   responses (module docstring)."""
-  b, p, t = len(trajectories), prompt_length, response_length
-  prompt_tokens = np.zeros((b, p), np.int32)
-  prompt_mask = np.zeros((b, p), bool)
-  response = np.zeros((b, t), np.int32)
-  context = np.zeros((b, t), bool)
-  agent = np.zeros((b, t), bool)
-  logp = np.zeros((b, t), np.float32)
-  logp_t = np.zeros((b, t), np.float32)
-  version = np.full((b, t), -1, np.int32)
-  for i, tr in enumerate(trajectories):
-    q, n = tr.prompt, len(tr.tokens)
-    if len(q) > p or n > t:
-      raise ValueError(
-        f'trajectory {i}: {len(q)} prompt / {n} response tokens exceed '
-        f'[{p}, {t}]'
-      )
-    prompt_tokens[i, p - len(q) :] = q
-    prompt_mask[i, p - len(q) :] = True
-    response[i, :n] = tr.tokens
-    context[i, :n] = True
-    keep = not (drop_truncated and tr.truncated)
-    agent[i, :n] = np.asarray(tr.agent, bool) & keep
-    logp[i, :n] = tr.logp
-    logp_t[i, :n] = tr.logp_truncated
-    version[i, :n] = tr.versions
-  logp = np.where(agent, logp, 0.0).astype(np.float32)
-  logp_t = np.where(agent, logp_t, 0.0).astype(np.float32)
-  version = np.where(agent, version, -1).astype(np.int32)
+  trained = [
+    [a and not (drop_truncated and tr.truncated) for a in tr.agent]
+    for tr in trajectories
+  ]
   return RolloutBatch(
-    prompt_tokens=prompt_tokens,
-    prompt_mask=prompt_mask,
-    response_tokens=response,
-    context_mask=context,
-    response_mask=agent,
-    rollout_logp=logp,
-    rollout_logp_truncated=logp_t,
-    temperature=np.full((b,), sp.temperature, np.float32),
-    top_k=np.full((b,), sp.top_k, np.int32),
-    top_p=np.full((b,), sp.top_p, np.float32),
-    min_p=np.full((b,), sp.min_p, np.float32),
-    policy_version=version,
-    finish_reason=np.asarray([tr.finish for tr in trajectories], np.int8),
-    group_id=np.asarray([tr.group for tr in trajectories], np.int32),
-    sample_id=np.asarray([tr.sample for tr in trajectories], np.int32),
+    **sequence_fields(
+      trajectories, prompt_length, response_length, sp, trained
+    ),
     engine_name=engine_name,
     param_dtype=param_dtype,
     kv_cache_dtype=kv_cache_dtype,

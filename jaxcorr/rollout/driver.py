@@ -118,45 +118,75 @@ def to_batch(
   P = the longest prompt and T = t response positions."""
   b = len(done)
   p = max(len(r.prompt) for r in done)
-  prompt_tokens = np.zeros((b, p), np.int32)
-  prompt_mask = np.zeros((b, p), bool)
-  response = np.zeros((b, t), np.int32)
-  mask = np.zeros((b, t), bool)
-  logp = np.zeros((b, t), np.float32)
-  logp_t = np.zeros((b, t), np.float32)
-  version = np.full((b, t), -1, np.int32)
-  for r in done:
-    q = r.prompt
-    prompt_tokens[r.row, p - len(q) :] = q  # left-padded
-    prompt_mask[r.row, p - len(q) :] = True
-    n = len(r.tokens)
-    response[r.row, :n] = r.tokens
-    mask[r.row, :n] = True
-    logp[r.row, :n] = r.logp
-    logp_t[r.row, :n] = r.logp_truncated
-    version[r.row, :n] = r.versions
   cfg = engine.config
   return RolloutBatch(
     **_kept_fields(done, b, t, engine.kept_set_capacity),
     **_routing_fields(done, b, p, t, routing_shape(engine.config)),
+    **sequence_fields(done, p, t, sp),
+    engine_name='jaxcorr.PolicyEngine/jetstream',
+    param_dtype=str(np.dtype(cfg.param_dtype)),
+    kv_cache_dtype=str(np.dtype(cfg.dtype)),
+  )
+
+
+def sequence_fields(
+  records: Sequence,
+  p: int,
+  t: int,
+  sp: SamplingParams,
+  trained: Sequence[Sequence[bool]] | None = None,
+) -> dict[str, np.ndarray]:
+  """The `RolloutBatch` fields of sampled sequences, record i in row i:
+  prompts left-padded to P, responses right-padded to T, and per row its
+  sampling parameters, finish reason, group and sample ids.
+
+  Args:
+    records: `decoder.Request`s or `agents.trajectory.Trajectory`s (each
+      with prompt, tokens, logp, logp_truncated, versions, finish, group,
+      sample).
+    trained: per record, which response tokens are the policy's (a
+      multi-turn trajectory's agent tokens); None: all of them. The others
+      are context: outside `response_mask`, with no μ and version -1.
+  """
+  b = len(records)
+  prompt_tokens = np.zeros((b, p), np.int32)
+  prompt_mask = np.zeros((b, p), bool)
+  response = np.zeros((b, t), np.int32)
+  context = np.zeros((b, t), bool)
+  mask = np.zeros((b, t), bool)
+  logp = np.zeros((b, t), np.float32)
+  logp_t = np.zeros((b, t), np.float32)
+  version = np.full((b, t), -1, np.int32)
+  for i, r in enumerate(records):
+    q, n = r.prompt, len(r.tokens)
+    if len(q) > p or n > t:
+      raise ValueError(
+        f'row {i}: {len(q)} prompt / {n} response tokens exceed [{p}, {t}]'
+      )
+    prompt_tokens[i, p - len(q) :] = q
+    prompt_mask[i, p - len(q) :] = True
+    response[i, :n] = r.tokens
+    context[i, :n] = True
+    mask[i, :n] = True if trained is None else np.asarray(trained[i], bool)
+    logp[i, :n] = r.logp
+    logp_t[i, :n] = r.logp_truncated
+    version[i, :n] = r.versions
+  return dict(
     prompt_tokens=prompt_tokens,
     prompt_mask=prompt_mask,
     response_tokens=response,
-    context_mask=mask.copy(),
+    context_mask=context,
     response_mask=mask,
-    rollout_logp=logp,
-    rollout_logp_truncated=logp_t,
+    rollout_logp=np.where(mask, logp, 0.0).astype(np.float32),
+    rollout_logp_truncated=np.where(mask, logp_t, 0.0).astype(np.float32),
     temperature=np.full((b,), sp.temperature, np.float32),
     top_k=np.full((b,), sp.top_k, np.int32),
     top_p=np.full((b,), sp.top_p, np.float32),
     min_p=np.full((b,), sp.min_p, np.float32),
-    policy_version=version,
-    finish_reason=np.asarray([r.finish for r in done], np.int8),
-    group_id=np.asarray([r.group for r in done], np.int32),
-    sample_id=np.asarray([r.sample for r in done], np.int32),
-    engine_name='jaxcorr.PolicyEngine/jetstream',
-    param_dtype=str(np.dtype(cfg.param_dtype)),
-    kv_cache_dtype=str(np.dtype(cfg.dtype)),
+    policy_version=np.where(mask, version, -1).astype(np.int32),
+    finish_reason=np.asarray([r.finish for r in records], np.int8),
+    group_id=np.asarray([r.group for r in records], np.int32),
+    sample_id=np.asarray([r.sample for r in records], np.int32),
   )
 
 
