@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -40,7 +39,6 @@ from flax import nnx
 
 from jaxcorr import rewards as reward_fns
 from jaxcorr.data import text
-from jaxcorr.data.tasks import Example
 from jaxcorr.rewards import RewardScorer
 from jaxcorr.train import (
   build,
@@ -213,7 +211,7 @@ class Trainer:
       self.graphdef,
       self.state.params,
       loader=self.sft_loader,
-      rows=self._sft_rows,
+      rows=sft.rows_of(run, self.tokenizer, self.stage),
       mesh=self.mesh,
       batch_shards=self.batch_shards,
       param_shardings=self.param_shardings,
@@ -225,14 +223,6 @@ class Trainer:
       # init_from_policy copies: the update donates both param trees.
       self.state = self.state.replace(critic_params=nnx.state(critic))
     self.sft_done = True
-
-  def _sft_rows(self, examples: Sequence[Example]) -> sft.SFTBatch:
-    """SFT rows: the task's answers, or with agents the environment
-    expert's demonstrations (jaxcorr/agents/demonstrations.py)."""
-    agents = self.stage.agents
-    if agents is not None:
-      return sft.demonstration_batch(self.run, agents.demonstrations(examples))
-    return sft.sft_batch(self.run, self.tokenizer, self.stage.encode, examples)
 
   def train_on(self, scored: Scored) -> dict[str, float]:
     """One RL update on a scored batch (`rl_step.py`); the step's metrics.

@@ -59,6 +59,17 @@ def sft_batch(
   return _rows(run, rows)
 
 
+def rows_of(
+  run: RunConfig, tokenizer: Any, stage: Any
+) -> Callable[[Sequence[Example]], SFTBatch]:
+  """examples -> SFT rows for the trainer's `RolloutStage`: the task's
+  answers (`sft_batch`), or with agents (`stage.agents`) the environment
+  expert's demonstrations (`demonstration_batch`)."""
+  if stage.agents is not None:
+    return lambda ex: demonstration_batch(run, stage.agents.demonstrations(ex))
+  return lambda ex: sft_batch(run, tokenizer, stage.encode, ex)
+
+
 def demonstration_batch(
   run: RunConfig, demonstrations: Sequence[Demonstration]
 ) -> SFTBatch:
