@@ -15,6 +15,7 @@ turns, each keeping its slot (and KV cache) from its first turn to its last.
                          trajectory and frees its slot, anything else
                          queues the observation's tokens for the next round
     swap(params, v)    new weights between rounds: later tokens record v
+                       (live caches kept, or recomputed under them)
 
 Without a `Continuation` a continuing trajectory is re-prefilled from its
 whole history instead (prompt, every turn so far, the new tokens): the
@@ -60,6 +61,7 @@ class Episode:
   key: np.ndarray  # uint32 [2]
   turn: list[int] = dataclasses.field(default_factory=list)  # this turn's ids
   pending: list[int] | None = None  # environment ids to continue with
+  tag: Any = None  # the caller's mark (the stream's draw)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,10 +126,20 @@ class AgentDecoder:
   def submit(self, episode: Episode) -> None:
     self.waiting.append(episode)
 
-  def swap(self, params: Any, version: int) -> None:
-    """Weights of policy `version` from the next round on; live slots keep
-    their caches (the tokens they hold keep their versions)."""
+  def swap(self, params: Any, version: int, *, recompute: bool = False) -> None:
+    """Weights of policy `version` from the next round on. Live slots keep
+    their caches (the tokens they hold keep their versions), or with
+    `recompute` get them recomputed under the new weights: a slot's cache
+    holds its prompt and every token but the newest, whether it is
+    decoding or waiting to continue (the continuation writes from the
+    newest token on)."""
     self.engine.update_params(params, version=version)
+    if recompute and any(e is not None for e in self.slots):
+      contexts = [
+        None if e is None else [*e.trajectory.prompt, *e.trajectory.tokens[:-1]]
+        for e in self.slots
+      ]
+      self.state = self.engine.refresh_cache(self.state, contexts)
 
   def close(self) -> None:
     self._pool.shutdown(wait=False)

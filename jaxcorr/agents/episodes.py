@@ -1,6 +1,15 @@
 """`AgentRollouts`: the trainer's multi-turn sampler. Rows in, one
 trajectory per (row, sample) out, as a `RolloutBatch` with an agent mask,
-the final answers to score, the turn rewards and the rollout metrics.
+the final answers to score, the turn rewards and the rollout metrics
+(`AgentBatch`).
+
+    episodes(rows, keys)   one `Episode` per (row, sample)
+    decoder(sp)            an `AgentDecoder` to run them on
+    collect(finished)      the `AgentBatch` of finished episodes
+    sample(rows)           the three in one pass (sync and fixed-lag
+                           modes); the streaming producer calls them
+                           itself, one decoder for the run, episodes of
+                           several draws in flight
 
 It owns what lives across steps: the environment spec, the `ToolRunner`
 (threads, counts), the turn format and the compiled `Continuation`. Keys:
@@ -14,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -75,6 +84,15 @@ def engine_prefill(cfg: AgentConfig, prompt: int, response: int) -> int:
   return prompt
 
 
+class AgentBatch(NamedTuple):
+  """Finished trajectories, as the trainer scores them."""
+
+  batch: RolloutBatch
+  finals: list[str]  # [B] the last agent turns' texts (what is scored)
+  turn_rewards: np.ndarray  # [B] float32 the sum of each one's turn rewards
+  metrics: dict[str, float]  # `trajectory_metrics` and the tool counts
+
+
 class AgentRollouts:
   """Multi-turn sampling over one engine (module docstring).
 
@@ -114,18 +132,10 @@ class AgentRollouts:
       env_tokens=cfg.max_env_tokens,
     )
 
-  def sample(
-    self,
-    examples: Sequence[Example],
-    *,
-    num_samples: int,
-    sp: SamplingParams,
-    seed: int,
-    first_prompt: int = 0,
-  ) -> tuple[RolloutBatch, list[str], np.ndarray, dict[str, float]]:
-    """(batch, final answers [B], turn rewards [B], metrics)."""
-    keys = request_keys(seed, first_prompt, len(examples), num_samples)
-    decoder = AgentDecoder(
+  def decoder(self, sp: SamplingParams) -> AgentDecoder:
+    """A decoder of trajectories over the engine (one per sampling pass,
+    or one for a whole stream)."""
+    return AgentDecoder(
       self.engine,
       self.turns,
       self.tokenizer.decode,
@@ -135,6 +145,18 @@ class AgentRollouts:
       continuation=self.continuation,
       env_workers=self.cfg.env_workers,
     )
+
+  def episodes(
+    self,
+    examples: Sequence[Example],
+    keys: np.ndarray,
+    num_samples: int,
+    *,
+    tag: Any = None,
+  ) -> list[Episode]:
+    """One episode per (row, sample), row i * num_samples + s with key
+    `keys[row]` (`request_keys`); `tag` marks them (the stream's draw)."""
+    out = []
     for i, ex in enumerate(examples):
       prompt = None
       for s in range(num_samples):
@@ -144,15 +166,19 @@ class AgentRollouts:
         prompt = prompt if prompt == ids else ids  # samples share a prefill
         row = i * num_samples + s
         tr = Trajectory(row=row, group=i, sample=s, prompt=prompt)
-        decoder.submit(Episode(tr, env, keys[row]))
-    t0 = time.perf_counter()
-    done: list[Episode] = []
-    try:
-      while decoder.busy:
-        done += decoder.advance()
-    finally:
-      decoder.close()
-    total = time.perf_counter() - t0
+        out.append(Episode(tr, env, keys[row], tag=tag))
+    return out
+
+  def collect(
+    self,
+    done: Sequence[Episode],
+    sp: SamplingParams,
+    *,
+    env_time_share: float,
+  ) -> AgentBatch:
+    """Finished episodes (any order) as a batch in row order, with the
+    final answers, turn rewards and metrics; the tool-call counts are the
+    runner's since the last collect."""
     trajectories = sorted((e.trajectory for e in done), key=lambda t: t.row)
     cfg = self.engine.config
     batch = to_batch(
@@ -165,16 +191,44 @@ class AgentRollouts:
       kv_cache_dtype=str(np.dtype(cfg.dtype)),
     )
     metrics = trajectory_metrics(trajectories)
-    metrics['agent/env_time_share'] = decoder.env_seconds / max(total, 1e-9)
+    metrics['agent/env_time_share'] = env_time_share
     metrics.update(
       {
         f'agent/tool_{k}': float(v)
         for k, v in self.runner.take_counts().items()
       }
     )
-    finals = [t.final_text for t in trajectories]
-    turn_rewards = np.asarray([t.reward for t in trajectories], np.float32)
-    return batch, finals, turn_rewards, metrics
+    return AgentBatch(
+      batch,
+      [t.final_text for t in trajectories],
+      np.asarray([t.reward for t in trajectories], np.float32),
+      metrics,
+    )
+
+  def sample(
+    self,
+    examples: Sequence[Example],
+    *,
+    num_samples: int,
+    sp: SamplingParams,
+    seed: int,
+    first_prompt: int = 0,
+  ) -> AgentBatch:
+    """Every trajectory of `examples`, sampled to the end."""
+    keys = request_keys(seed, first_prompt, len(examples), num_samples)
+    decoder = self.decoder(sp)
+    for ep in self.episodes(examples, keys, num_samples):
+      decoder.submit(ep)
+    t0 = time.perf_counter()
+    done: list[Episode] = []
+    try:
+      while decoder.busy:
+        done += decoder.advance()
+    finally:
+      decoder.close()
+    total = time.perf_counter() - t0
+    share = decoder.env_seconds / max(total, 1e-9)
+    return self.collect(done, sp, env_time_share=share)
 
   def demonstrations(self, examples: Sequence[Example]) -> list[Demonstration]:
     """The environment expert's trajectories on `examples` (the SFT

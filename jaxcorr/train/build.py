@@ -251,17 +251,10 @@ def check_combinations(run: RunConfig) -> None:
 
 def check_agent(run: RunConfig) -> None:
   """Multi-turn rollouts (`config.agent`) with the rollout settings they
-  support: sync or fixed-lag async modes, log-probs 'full' or 'truncated'."""
+  support: every rollout mode, log-probs 'full' or 'truncated'."""
   if not run.agent.enabled:
     return
   r = run.rollout
-  if r.mode == 'stream':
-    fields.fail(
-      'config.rollout.mode',
-      r.mode,
-      "'sync' or 'async' with config.agent.environment (the streaming "
-      'producer does not drive multi-turn trajectories yet)',
-    )
   if r.logprob_mode == 'replay':
     fields.fail(
       'config.rollout.logprob_mode',

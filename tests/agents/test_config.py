@@ -18,7 +18,6 @@ def test_off_by_default():
 @pytest.mark.parametrize(
   'section, field, value, message',
   [
-    ('rollout', 'mode', 'stream', 'config.rollout.mode'),
     ('rollout', 'logprob_mode', 'replay', 'config.rollout.logprob_mode'),
     ('agent', 'environment', 'nope', 'config.agent.environment'),
     ('agent', 'user_content', 'no field', 'config.agent.user_content'),
@@ -29,10 +28,15 @@ def test_off_by_default():
 def test_unsupported_combinations_fail(section, field, value, message):
   c = arith_tool.get_config('pulse')
   c[section][field] = value
-  if field == 'mode':
-    c.rollout.max_staleness = 1
   with pytest.raises(ValueError, match=message):
     build(c)
+
+
+@pytest.mark.parametrize('mode', ['async', 'stream'])
+def test_every_rollout_mode_builds(mode):
+  c = arith_tool.get_config('pulse')
+  c.rollout.mode, c.rollout.max_staleness = mode, 1
+  assert build(c).rollout.mode == mode
 
 
 def test_an_moe_policy_is_refused():

@@ -8,12 +8,14 @@ tokenizer with special tokens:
 * the engine's agent-token log-probs equal the trainer's forward on the
   same ids (no re-tokenization drift);
 * a weight swap between rounds leaves each token its own version, and a
-  per-token staleness mask acts on agent tokens only;
+  per-token staleness mask acts on agent tokens only; with recomputed
+  caches each agent token's μ is its own version's log-prob;
 * an over-long trajectory is truncated and flagged (and, optionally,
   dropped from the loss).
 """
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
@@ -85,7 +87,17 @@ def setup():
   return tok, model, engine, turns, Continuation(engine)
 
 
-def _run(setup, *, reuse=True, limits=None, swap_after=None, rows=2, n=2):
+def _run(
+  setup,
+  *,
+  reuse=True,
+  limits=None,
+  swap_after=None,
+  swap_params=None,
+  recompute=False,
+  rows=2,
+  n=2,
+):
   tok, _, engine, turns, continuation = setup
   engine.update_params(engine.params, version=0)
   decoder = AgentDecoder(
@@ -110,7 +122,8 @@ def _run(setup, *, reuse=True, limits=None, swap_after=None, rows=2, n=2):
     done += decoder.advance()
     rounds += 1
     if rounds == swap_after:
-      decoder.swap(engine.params, version=1)
+      params = engine.params if swap_params is None else swap_params
+      decoder.swap(params, version=1, recompute=recompute)
   decoder.close()
   return sorted((e.trajectory for e in done), key=lambda t: t.row)
 
@@ -157,9 +170,8 @@ def test_env_tokens_are_the_delta_and_carry_nothing(setup, reused):
   assert (train.rollout_logp[env] == 0).all()
 
 
-def test_engine_logp_equals_trainer_forward(setup, reused):
-  _, model, _, _, _ = setup
-  batch = to_batch(reused, prompt_length=P, response_length=T, sp=SP)
+def _train_batch(trajectories):
+  batch = to_batch(trajectories, prompt_length=P, response_length=T, sp=SP)
   train = batch_lib.assemble(
     batch,
     np.zeros(batch.batch_size, np.float32),
@@ -168,21 +180,60 @@ def test_engine_logp_equals_trainer_forward(setup, reused):
     logprob_mode='full',
     row_multiple=1,
   )
+  return batch, train
+
+
+def _trainer_logp(model, train):
+  """The trainer's log-probs of `train`'s response tokens under `model`
+  (every model of the setup's config shares one compilation)."""
   graphdef, params = nnx.split(model)
+  logp = _forward(graphdef, params, train.tokens, train.temperature,
+                  train.segment_ids)  # fmt: skip
+  return np.asarray(at_response(logp, train))
 
-  @jax.jit
-  def forward(params, tokens, temperature, segment_ids):
-    return token_logprobs(
-      nnx.merge(graphdef, params),
-      tokens,
-      temperature=temperature,
-      segment_ids=segment_ids,
-    )
 
-  logp = forward(params, train.tokens, train.temperature, train.segment_ids)
-  trainer = np.asarray(at_response(logp, train))
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, params, tokens, temperature, segment_ids):
+  return token_logprobs(
+    nnx.merge(graphdef, params),
+    tokens,
+    temperature=temperature,
+    segment_ids=segment_ids,
+  )
+
+
+def test_engine_logp_equals_trainer_forward(setup, reused):
+  _, model, _, _, _ = setup
+  _, train = _train_batch(reused)
   mask = train.response_mask
-  np.testing.assert_allclose(trainer[mask], train.rollout_logp[mask], atol=2e-5)
+  np.testing.assert_allclose(
+    _trainer_logp(model, train)[mask], train.rollout_logp[mask], atol=2e-5
+  )
+
+
+def test_recomputed_caches_give_each_token_its_versions_logp(setup):
+  """`swap(recompute=True)`: the live slots' caches (prompt, agent and
+  environment tokens, decoding or waiting to continue) are recomputed
+  under the new weights, so every agent token's μ is the log-prob of the
+  version that sampled it. Version 1 is another random model: a kept
+  (stale) cache would be far off."""
+  _, model, engine, _, _ = setup
+  moved = random_model(model.config, seed=1)
+  try:
+    trajectories = _run(
+      setup, swap_after=1, swap_params=nnx.state(moved), recompute=True
+    )
+  finally:
+    engine.update_params(nnx.state(model), version=0)
+  batch, train = _train_batch(trajectories)
+  version = np.asarray(batch.policy_version)
+  mask = train.response_mask
+  assert set(version[mask].tolist()) == {0, 1}
+  for v, weights in ((0, model), (1, moved)):
+    own = mask & (version == v)
+    np.testing.assert_allclose(
+      _trainer_logp(weights, train)[own], train.rollout_logp[own], atol=2e-5
+    )
 
 
 def test_weight_swap_keeps_per_token_versions(setup):

@@ -1,6 +1,7 @@
 """The trainer end to end with multi-turn tool use (configs/arith_tool.py,
 the calculator environment on the from-scratch arithmetic model): a pulse
-in the default run, exact resume in sync mode (slow)."""
+in the default run, fixed-lag async trajectories, exact resume in sync
+mode (slow). Stream mode: tests/train/rollouts/test_stream_agents.py."""
 
 from __future__ import annotations
 
@@ -49,6 +50,27 @@ def test_arith_tool_has_a_pulse(tmp_path):
     )
     # The engine's μ on agent tokens is the trainer's π (same ids).
     assert abs(r['rollout_corr/kl']) < 1e-4
+    assert np.isfinite(r['actor/pg_loss'])
+
+
+def test_fixed_lag_agents_sample_with_the_lagged_version(tmp_path):
+  """`rollout.mode='async'`: each batch's trajectories, every turn, are
+  sampled by version max(s - k, 0), so every agent token is exactly k
+  behind once the pipeline is full."""
+  config = _config(
+    rollout__mode='async',
+    rollout__max_staleness=1,
+    train__num_steps=3,
+    train__eval_every=0,
+  )
+  _train(config, tmp_path)
+  rows = [r for r in _read(tmp_path) if r['step'] > 0]
+  assert len(rows) == 3
+  assert [r['staleness/token_max'] for r in rows] == [0, 1, 1]
+  assert [r['staleness/token_mean'] for r in rows] == [0, 1, 1]
+  for r in rows:
+    assert r['agent/turns_mean'] >= 1
+    assert r['rollout/mixed_version_fraction'] == 0  # one version a batch
     assert np.isfinite(r['actor/pg_loss'])
 
 

@@ -225,25 +225,34 @@ class RolloutStage:
     )
 
   def _run_agents(self, examples, step, sp, first_prompt, n, t0):
-    """`sample` with multi-turn trajectories (`config.agent`): the
-    reward functions score each trajectory's final answer, plus its turn
-    rewards."""
-    batch, finals, turn_rewards, agent_metrics = self.agents.sample(
+    """`sample` with multi-turn trajectories (`config.agent`)."""
+    out = self.agents.sample(
       examples,
       num_samples=n,
       sp=sp,
       seed=step_seed(self.run.train.seed, step),
       first_prompt=first_prompt,
     )
-    scored = self.score(
-      examples,
-      batch,
-      step=step,
-      rollout_s=time.perf_counter() - t0,
-      responses=finals,
+    return self.score_agents(
+      examples, out, step=step, rollout_s=time.perf_counter() - t0
     )
-    scored.rewards = scored.rewards + turn_rewards
-    for k, v in agent_metrics.items():
+
+  def score_agents(
+    self,
+    examples: Sequence[Example],
+    out: episodes.AgentBatch,
+    *,
+    step: int,
+    rollout_s: float,
+  ) -> Scored:
+    """`score` of finished trajectories (every rollout mode): the reward
+    functions score each trajectory's final answer, plus its turn rewards;
+    the agent metrics join the reward metrics."""
+    scored = self.score(
+      examples, out.batch, step=step, rollout_s=rollout_s, responses=out.finals
+    )
+    scored.rewards = scored.rewards + out.turn_rewards
+    for k, v in out.metrics.items():
       sums = episodes.SUM_METRICS
       scored.metrics[k] = Metric.sum(v) if k in sums else Metric.avg(v)
     return scored

@@ -45,6 +45,13 @@ batches finished so far, waiting for it to be published. Decoding is
 deterministic, so the whole stream (tokens, versions, log-probs) is
 reproducible run to run.
 
+Multi-turn rollouts (`config.agent`): each sample is an episode of an
+`agents.driver.AgentDecoder` instead of a request of a `Decoder`, swaps
+fall between its rounds, and draw e's batch is the finished trajectories
+scored as in sync mode (`RolloutStage.score_agents`). A trajectory may
+span versions: each agent token keeps its own (environment tokens have
+none), so the bound and the policies above act per agent token.
+
 Resume: a checkpoint after step s records the loader state after draw s,
 so a resumed run draws the same prompts from s + 1 on; rows in flight at
 the checkpoint are not saved. With 'scheduled' swaps the stream drains at
@@ -70,6 +77,7 @@ from typing import Any
 
 import jax
 
+from jaxcorr.agents.driver import Episode
 from jaxcorr.rollout import driver
 from jaxcorr.rollout.decoder import Decoder, Request
 from jaxcorr.rollout.state import SamplingParams
@@ -87,7 +95,7 @@ class _Draw:
   step: int
   examples: list
   loader_state: dict
-  pending: int  # requests not finished yet
+  pending: int  # requests (or episodes) not finished yet
   done: list = dataclasses.field(default_factory=list)
   t_submit: float = 0.0
   swaps: int = 0  # weight swaps while its rows were in flight
@@ -126,12 +134,8 @@ class StreamRollouts:
     self.scheduled = r.weight_sync == 'scheduled'
     self.recompute = r.kv_on_update == 'recompute'
     sp = SamplingParams(r.temperature, r.top_k, r.top_p, r.min_p)
-    self.decoder = Decoder(
-      stage.engine,
-      sp=sp,
-      max_new_tokens=r.max_new_tokens,
-      stop_token_ids=stage.stop_ids,
-    )
+    lane = _Completions if stage.agents is None else _Trajectories
+    self.lane = lane(stage, sp)
     self._published = {start: weights()}
     self._cond = threading.Condition()
     self._ready: queue.Queue = queue.Queue(maxsize=self.ahead)
@@ -190,6 +194,7 @@ class StreamRollouts:
     with self._cond:
       self._cond.notify_all()
     self._thread.join(timeout=60)
+    self.lane.close()
 
   # ---------------------------------------------------------- producer
 
@@ -204,14 +209,14 @@ class StreamRollouts:
         while self._may_submit(next_draw, emitted):
           draws[next_draw] = self._submit(next_draw)
           next_draw += 1
-        if not self.decoder.busy or not self._trains(draws):
+        if not self.lane.busy or not self._trains(draws):
           # Nothing may start, or nothing the next chunk samples would
           # train, before newer weights arrive.
           self._wait(lambda: self._newest() > engine.policy_version)
           continue
-        for req in self.decoder.advance():
-          draw = draws[req.tag]
-          draw.done.append(req)
+        for tag, item in self.lane.advance():
+          draw = draws[tag]
+          draw.done.append(item)
           draw.pending -= 1
         while draws and next(iter(draws.values())).pending == 0:
           self._emit(draws.pop(emitted))
@@ -256,7 +261,7 @@ class StreamRollouts:
       for v in [v for v in self._published if v < target]:
         del self._published[v]
     t0 = time.perf_counter()
-    self.decoder.swap(params, target, recompute=self.recompute)
+    self.lane.swap(params, target, recompute=self.recompute)
     dt = time.perf_counter() - t0
     for draw in draws.values():
       if draw.pending:
@@ -283,39 +288,24 @@ class StreamRollouts:
 
   def _submit(self, d: int) -> _Draw:
     """Draw d's prompts, every sample submitted (keys as in sync mode)."""
-    stage, r = self.stage, self.run.rollout
     examples = self.loader.next_batch()
-    prompts = stage.encode(examples)
-    n = r.samples_per_prompt
+    n = self.run.rollout.samples_per_prompt
     keys = driver.request_keys(
       step_seed(self.run.train.seed, d),
       jax.process_index() * len(examples),
-      len(prompts),
+      len(examples),
       n,
     )
-    for i, prompt in enumerate(prompts):
-      for s in range(n):
-        row = i * n + s
-        self.decoder.submit(Request(row, i, s, prompt, keys[row], tag=d))
     return _Draw(
       step=d,
       examples=examples,
       loader_state=self.loader.state(),
-      pending=len(prompts) * n,
+      pending=self.lane.submit(d, examples, keys, n),
       t_submit=time.perf_counter(),
     )
 
   def _emit(self, draw: _Draw) -> None:
-    done = sorted(draw.done, key=lambda q: q.row)
-    r = self.run.rollout
-    sp = self.decoder.sp
-    batch = driver.to_batch(self.stage.engine, done, r.max_new_tokens, sp)
-    scored = self.stage.score(
-      draw.examples,
-      batch,
-      step=draw.step,
-      rollout_s=time.perf_counter() - draw.t_submit,
-    )
+    scored = self.lane.score(draw, time.perf_counter() - draw.t_submit)
     scored.loader_state = draw.loader_state
     now = time.perf_counter()
     span = now - self._t_emit
@@ -337,3 +327,86 @@ class StreamRollouts:
       except queue.Full:
         continue
     self._idle_s += time.perf_counter() - t0
+
+
+class _Completions:
+  """Single-turn rows: each sample a `Request` of a `Decoder`."""
+
+  def __init__(self, stage: RolloutStage, sp: SamplingParams):
+    self.stage = stage
+    self.max_new_tokens = stage.run.rollout.max_new_tokens
+    self.decoder = Decoder(
+      stage.engine,
+      sp=sp,
+      max_new_tokens=self.max_new_tokens,
+      stop_token_ids=stage.stop_ids,
+    )
+
+  @property
+  def busy(self) -> bool:
+    return self.decoder.busy
+
+  def submit(self, d: int, examples: list, keys, n: int) -> int:
+    prompts = self.stage.encode(examples)
+    for i, prompt in enumerate(prompts):
+      for s in range(n):
+        row = i * n + s
+        self.decoder.submit(Request(row, i, s, prompt, keys[row], tag=d))
+    return len(prompts) * n
+
+  def advance(self) -> list[tuple[int, Request]]:
+    return [(req.tag, req) for req in self.decoder.advance()]
+
+  def swap(self, params: Any, version: int, *, recompute: bool) -> None:
+    self.decoder.swap(params, version, recompute=recompute)
+
+  def score(self, draw: _Draw, rollout_s: float) -> Scored:
+    done = sorted(draw.done, key=lambda q: q.row)
+    engine, sp = self.stage.engine, self.decoder.sp
+    batch = driver.to_batch(engine, done, self.max_new_tokens, sp)
+    return self.stage.score(
+      draw.examples, batch, step=draw.step, rollout_s=rollout_s
+    )
+
+  def close(self) -> None:
+    pass
+
+
+class _Trajectories:
+  """Multi-turn rows (`config.agent`): each sample an `Episode` of the
+  stage's `AgentRollouts`, all on one `AgentDecoder` for the run."""
+
+  def __init__(self, stage: RolloutStage, sp: SamplingParams):
+    self.stage, self.sp = stage, sp
+    self.decoder = stage.agents.decoder(sp)
+    self._env_s, self._t = 0.0, time.perf_counter()
+
+  @property
+  def busy(self) -> bool:
+    return self.decoder.busy
+
+  def submit(self, d: int, examples: list, keys, n: int) -> int:
+    episodes = self.stage.agents.episodes(examples, keys, n, tag=d)
+    for ep in episodes:
+      self.decoder.submit(ep)
+    return len(episodes)
+
+  def advance(self) -> list[tuple[int, Episode]]:
+    return [(ep.tag, ep) for ep in self.decoder.advance()]
+
+  def swap(self, params: Any, version: int, *, recompute: bool) -> None:
+    self.decoder.swap(params, version, recompute=recompute)
+
+  def score(self, draw: _Draw, rollout_s: float) -> Scored:
+    # Draws overlap, so the environments' share is of the producer's time
+    # since the previous batch (as stream/engine_idle_fraction).
+    now, env_s = time.perf_counter(), self.decoder.env_seconds
+    share = (env_s - self._env_s) / max(now - self._t, 1e-9)
+    self._env_s, self._t = env_s, now
+    out = self.stage.agents.collect(draw.done, self.sp, env_time_share=share)
+    return self.stage.score_agents(
+      draw.examples, out, step=draw.step, rollout_s=rollout_s
+    )
+
+  def close(self) -> None:
+    self.decoder.close()
