@@ -18,6 +18,7 @@ from jaxcorr.model.hf_io import (
   save_hf,
 )
 from jaxcorr.model.logprobs import (
+  REMAT_MODES,
   logprobs_from_hidden,
   naive_token_logprobs,
   token_logprobs,
@@ -25,6 +26,7 @@ from jaxcorr.model.logprobs import (
 from jaxcorr.model.transformer import KVCache, Transformer, segment_positions
 
 __all__ = [
+  'REMAT_MODES',
   'KVCache',
   'RopeScaling',
   'Transformer',

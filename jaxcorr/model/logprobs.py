@@ -37,6 +37,21 @@ from jaxcorr.model.transformer import (
 from jaxcorr.sharding import constrain
 
 DEFAULT_CHUNK = 128
+# `remat='auto'` keeps each chunk's logits for the backward pass (no second
+# head matmul and softmax per position) while one call's [B, T, V] float32
+# logits stay within this many bytes; past it, chunks are rematerialised.
+REMAT_AUTO_BYTES = 256 * 2**20
+REMAT_MODES = ('auto', 'always', 'never')
+
+
+def remat_chunks(mode: str, batch: int, length: int, vocab: int) -> bool:
+  """Whether `logprobs_from_hidden` checkpoints its chunks (`mode`: one of
+  `REMAT_MODES`; 'auto': only past `REMAT_AUTO_BYTES` of logits)."""
+  if mode not in REMAT_MODES:
+    raise ValueError(f'remat={mode!r}: expected one of {REMAT_MODES}')
+  if mode == 'auto':
+    return batch * length * vocab * 4 > REMAT_AUTO_BYTES
+  return mode == 'always'
 
 
 def _temperature(
@@ -131,6 +146,7 @@ def logprobs_from_hidden(
   kept_ids: jax.Array | None = None,
   kept_count: jax.Array | None = None,
   return_kept_mass: bool = False,
+  remat: str = 'always',
 ) -> jax.Array | tuple[jax.Array, ...]:
   """log softmax(hidden @ head.T / T) at `targets`, chunked over positions.
 
@@ -152,6 +168,10 @@ def logprobs_from_hidden(
     kept_ids: [B, T, C] int kept ids per position (replay), or None.
     kept_count: [B, T] int number of leading ids that count.
     return_kept_mass: also return log Z_t [B, T] (replay only), last.
+    remat: checkpoint each chunk ('always'), keep the chunks' logits for
+      the backward pass ('never': memory ~ B * T * V * 4 bytes times the
+      residuals kept, no recomputation) or choose by size ('auto',
+      `remat_chunks`). Values and gradients are the same.
 
   Returns:
     logp [B, T] float32, or a tuple (logp, entropy if `return_entropy`,
@@ -175,15 +195,17 @@ def logprobs_from_hidden(
     xs += (jnp.pad(temp, ((0, 0), (0, -t % c)), constant_values=1),)
   xs = tuple(_to_chunks(x, c) for x in xs)
 
-  # Checkpointed: the backward pass recomputes a chunk's logits instead of
-  # the scan saving all n of them (which would be the full [B, T, V] again).
-  @jax.checkpoint
   def chunk(xs_c, head, temp):
     kept = (xs_c[2], xs_c[3]) if replay else None
     return _chunk_stats(
       xs_c[0], xs_c[1], head, temp, dtype, precision, return_entropy,
       real_vocab_size, kept,
     )  # fmt: skip
+
+  # Checkpointed, the backward pass recomputes a chunk's logits instead of
+  # the scan saving all n of them (which would be the full [B, T, V] again).
+  if remat_chunks(remat, b, t, head.shape[0]):
+    chunk = jax.checkpoint(chunk)
 
   def body(carry, xs_c):
     if per_position:
@@ -206,12 +228,14 @@ def token_logprobs(
   segment_ids: jax.Array | None = None,
   return_entropy: bool = False,
   chunk_size: int = DEFAULT_CHUNK,
+  remat: str = 'always',
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
   """Log-probs [B, S - 1] float32 of tokens[:, 1:] given their prefixes.
 
   `positions` / `segment_ids` [B, S] as in `Transformer.hidden_states`
   (packed sequences). With `return_entropy`, also the [B, S - 1] entropy of
-  each next-token distribution at the same temperature.
+  each next-token distribution at the same temperature; `remat` as in
+  `logprobs_from_hidden`.
   """
   hidden, _ = model.hidden_states(
     tokens, positions=positions, segment_ids=segment_ids
@@ -227,6 +251,7 @@ def token_logprobs(
     dtype=cfg.dtype,
     precision=matmul_precision(cfg),
     real_vocab_size=cfg.real_vocab_size,
+    remat=remat,
   )
 
 

@@ -29,7 +29,12 @@ from jaxcorr.config.fields import (
   text,
   validate,
 )
-from jaxcorr.model import Transformer, TransformerConfig, load_hf
+from jaxcorr.model import (
+  REMAT_MODES,
+  Transformer,
+  TransformerConfig,
+  load_hf,
+)
 from jaxcorr.model.lora import LoraConfig, apply_lora
 
 _POS, _NAT = integer(1), integer(0)
@@ -84,6 +89,14 @@ class ModelConfig:
   )
   logprob_chunk: int = setting(
     128, _POS, 'Positions per chunk of the chunked log-prob computation.'
+  )
+  logprob_remat: str = setting(
+    'always',
+    one_of(*REMAT_MODES),
+    "The update's log-prob chunks: recompute each chunk's [B, c, V] logits "
+    "in the backward pass ('always'), keep them ('never') or keep them "
+    "while one micro-batch's logits fit REMAT_AUTO_BYTES ('auto'); same "
+    'values and gradients (jaxcorr/model/logprobs.py).',
   )
   init_seed: int = setting(0, _NAT, 'Seed of the random init.')
   # A scratch model is a plain decoder (no biases, no q/k norm): Llama, or

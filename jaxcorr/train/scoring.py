@@ -95,6 +95,7 @@ def _dense_logp(run: RunConfig, model: Any, batch: TrainBatch, entropy: bool):
     segment_ids=batch.segment_ids,
     return_entropy=entropy,
     chunk_size=run.model.logprob_chunk,
+    remat=run.model.logprob_remat,
   )
   if entropy:
     return at_response(out[0], batch), at_response(out[1], batch)
@@ -126,6 +127,7 @@ def _logp_from_hidden(
     batch.tokens[:, 1:],
     temperature=batch.temperature,
     chunk_size=run.model.logprob_chunk,
+    remat=run.model.logprob_remat,
     return_entropy=entropy,
     dtype=cfg.dtype,
     precision=matmul_precision(cfg),

@@ -24,6 +24,7 @@ from jaxcorr.model import (
   token_logprobs,
 )
 from jaxcorr.model.layers import rope_frequencies
+from jaxcorr.model.logprobs import remat_chunks
 from tests.helpers.model_testing import (
   VOCAB,
   forward,
@@ -261,6 +262,40 @@ def test_chunked_logprob_gradients_equal_naive():
   assert len(flat_c) == len(flat_n) > 10
   for a, b in zip(flat_c, flat_n):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_logprob_remat_modes_give_the_same_values_and_gradients():
+  """`remat='never'` (the chunks' logits kept for the backward pass) and
+  'auto' compute what the checkpointed chunks ('always') compute: the
+  log-probs, the entropy and every gradient (entropy term included)."""
+  model = random_model(tiny_config())
+  tokens = random_tokens(2, 20)
+  weights = jax.random.normal(jax.random.key(3), (2, 19))
+
+  def value_and_grad(remat):
+    def f(m):
+      lp, ent = token_logprobs(
+        m, tokens, temperature=0.9, return_entropy=True, chunk_size=6,
+        remat=remat,
+      )  # fmt: skip
+      return jnp.sum(weights * lp) + 0.1 * jnp.sum(ent), (lp, ent)
+
+    return nnx.jit(nnx.value_and_grad(f, has_aux=True))(model)
+
+  (v0, aux0), g0 = value_and_grad('always')
+  for mode in ('never', 'auto'):
+    (v, aux), g = value_and_grad(mode)
+    np.testing.assert_allclose(v, v0, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves((aux, g)), jax.tree.leaves((aux0, g0))):
+      np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_remat_chunks_auto_checkpoints_only_big_logits():
+  assert not remat_chunks('auto', 8, 128, 4096)  # 16 MiB of logits
+  assert remat_chunks('auto', 8, 1024, 49152)  # 1.5 GiB
+  assert remat_chunks('always', 1, 1, 1) and not remat_chunks('never', 9, 9, 9)
+  with pytest.raises(ValueError, match='expected one of'):
+    remat_chunks('sometimes', 1, 1, 1)
 
 
 def test_logprobs_from_hidden_rejects_bad_temperature():

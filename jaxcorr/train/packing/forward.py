@@ -67,6 +67,7 @@ def response_logp(
     tokens[:, 1:],
     temperature=micro.temperature[:, :-1],
     chunk_size=run.model.logprob_chunk,
+    remat=run.model.logprob_remat,
     return_entropy=entropy,
     dtype=cfg.dtype,
     precision=matmul_precision(cfg),
