@@ -55,6 +55,7 @@ def _stable(rows):
   ]
 
 
+@pytest.mark.slow
 def test_scheduled_agent_stream_spans_versions_and_is_reproducible(tmp_path):
   rows, batches = _run(tmp_path / 'a')
   assert len(rows) == len(batches) == 4
