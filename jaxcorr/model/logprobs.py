@@ -159,8 +159,7 @@ def logprobs_from_hidden(
     head: [V, D] output projection.
     targets: [B, T] int token ids to score.
     temperature: scalar, [B] or [B, T] (per position).
-    chunk_size: at most this many positions per chunk (equal chunks; memory
-      ~ 3 * B * chunk * V * 4 bytes).
+    chunk_size: at most this many positions per chunk (equal chunks).
     return_entropy: also return the entropy of softmax(logits / T).
     dtype: matmul input dtype (default: hidden's); accumulation is float32.
     precision: matmul precision (None: backend default).
@@ -168,22 +167,17 @@ def logprobs_from_hidden(
     kept_ids: [B, T, C] int kept ids per position (replay), or None.
     kept_count: [B, T] int number of leading ids that count.
     return_kept_mass: also return log Z_t [B, T] (replay only), last.
-    remat: checkpoint each chunk ('always'), keep the chunks' logits for
-      the backward pass ('never': memory ~ B * T * V * 4 bytes times the
-      residuals kept, no recomputation) or choose by size ('auto',
-      `remat_chunks`). Values and gradients are the same.
+    remat: 'always' (the backward pass recomputes each chunk's logits),
+      'never' (keeps them: ~B * T * V * 4 bytes) or 'auto' by size
+      (`remat_chunks`); the same values and gradients.
 
   Returns:
-    logp [B, T] float32, or a tuple (logp, entropy if `return_entropy`,
-    log_kept_mass if `return_kept_mass`).
+    logp [B, T] float32, or (logp, entropy?, log_kept_mass?) as asked.
   """
   b, t, _ = hidden.shape
   replay = kept_ids is not None
   if replay != (kept_count is not None) or (return_kept_mass and not replay):
-    raise ValueError(
-      'kept_ids and kept_count go together (replay); return_kept_mass needs '
-      'them'
-    )
+    raise ValueError('kept_ids, kept_count (and return_kept_mass) go together')
   dtype = dtype or hidden.dtype
   temp = _temperature(temperature, b, t)
   per_position = temp.ndim == 2
