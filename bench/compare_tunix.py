@@ -208,8 +208,13 @@ def _tunix_train_worker(loads: list[str]) -> None:
 def _jaxcorr_train_worker(packing: bool, loads: list[str]) -> None:
   import update  # bench/update.py
 
-  args = argparse.Namespace(
-    preset='bypass_ppo_clip', mini_batches=1, micro_batches=1
+  args = argparse.Namespace(  # bench/update.py's flags, its batch shape
+    preset='bypass_ppo_clip',
+    mini_batches=1,
+    micro_batches=1,
+    like='',
+    prompts=bench.PROMPTS,
+    new_tokens=bench.NEW,
   )
   sides = {
     w: update.Side(args, packing, update.synthetic_batch(w == 'full'))

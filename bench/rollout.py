@@ -57,19 +57,26 @@ STOP_EVERY = 64  # workload (b): ids 0, 64, 128, ... stop a row
 WARMUP_SEEDS = 4
 
 
-def train_rows(full_length: bool, seed: int = 0) -> dict[str, np.ndarray]:
+def train_rows(
+  full_length: bool,
+  seed: int = 0,
+  *,
+  rows: int = PROMPTS * SAMPLES,
+  new: int = NEW,
+  vocab: int = MODEL['vocab_size'],
+) -> dict[str, np.ndarray]:
   """One GRPO batch for the update benches (bench/update.py, the train part
-  of bench/compare_tunix.py): PROMPTS x SAMPLES rows of PROMPT_LEN prompt
-  ids (>= 1, no padding) and up to NEW response ids, lengths spread from
-  10% to 100% of NEW (`full_length`: all at NEW), 0/1 rewards. numpy only
-  (Tunix's environment reads it too)."""
+  of bench/compare_tunix.py): `rows` rows of PROMPT_LEN prompt ids (>= 1, no
+  padding) and up to `new` response ids, lengths spread from 10% to 100% of
+  `new` (`full_length`: all at `new`), 0/1 rewards. numpy only (Tunix's
+  environment reads it too)."""
   rng = np.random.default_rng(seed)
-  b, p, t = PROMPTS * SAMPLES, PROMPT_LEN, NEW
+  b, p, t = rows, PROMPT_LEN, new
   lo = t if full_length else max(1, t // 10)
   rlen = rng.integers(lo, t + 1, b)
   mask = np.arange(t)[None] < rlen[:, None]
   real = np.concatenate([np.ones((b, p), bool), mask], 1)
-  tokens = np.where(real, rng.integers(1, MODEL['vocab_size'], (b, p + t)), 0)
+  tokens = np.where(real, rng.integers(1, vocab, (b, p + t)), 0)
   return dict(
     tokens=tokens.astype(np.int32),
     real=real,

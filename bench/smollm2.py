@@ -32,10 +32,17 @@ from jaxcorr.train.loop import Trainer
 from jaxcorr.train.rollouts.source import make_rollouts
 
 
-def step_split(preset: str, steps: int, prompts: int, samples: int) -> None:
+def step_split(
+  preset: str, steps: int, prompts: int, samples: int, new_tokens: int
+) -> None:
   config = smollm2_arith.get_config(preset)
   config.rollout.prompts_per_step = prompts
   config.rollout.samples_per_prompt = samples
+  if new_tokens:
+    config.rollout.max_new_tokens = new_tokens
+  config.rollout.max_concurrent_decodes = max(
+    config.rollout.max_concurrent_decodes, prompts * samples
+  )
   config.train.num_steps = steps + 1
   config.train.eval_every = 0
   config.train.checkpoint_every = 0
@@ -148,6 +155,9 @@ def main() -> None:
   ap.add_argument('--preset', default='decoupled_geo_rs')
   ap.add_argument('--prompts', type=int, default=8)
   ap.add_argument('--samples', type=int, default=4)
+  ap.add_argument(
+    '--new_tokens', type=int, default=0, help='0: the config (16)'
+  )
   ap.add_argument('--mem_batch', type=int, default=8)
   ap.add_argument('--mem_seq', type=int, default=512)
   ap.add_argument(
@@ -161,7 +171,9 @@ def main() -> None:
   if 'memory' in parts:
     memory(args.mem_batch, args.mem_seq)
   if 'step' in parts:
-    step_split(args.preset, args.steps, args.prompts, args.samples)
+    step_split(
+      args.preset, args.steps, args.prompts, args.samples, args.new_tokens
+    )
 
 
 if __name__ == '__main__':

@@ -2,6 +2,7 @@
 
   python bench/update.py                    # ~5 minutes on a 2-core CPU
   python bench/update.py --reps=5 --preset=bypass_pg_is --full-length
+  python bench/update.py --like=DIR --new-tokens=512   # a real model's shape
 
 `Steps.prepare` + `Steps.update` (jaxcorr/train/step.py) on one synthetic GRPO
 batch: 16 prompts x 4 samples, 32-token prompts, responses of up to 128
@@ -32,7 +33,7 @@ from train import flops_per_token, matmul_peak  # bench/train.py
 
 from configs import arith_tiny
 from jaxcorr.losses import rewards
-from jaxcorr.model import Transformer
+from jaxcorr.model import Transformer, TransformerConfig
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train import build
 from jaxcorr.train.batch import TrainBatch
@@ -44,13 +45,16 @@ from jaxcorr.train.step import Steps
 
 def run_config(args, packing: bool):
   c = arith_tiny.get_config(args.preset)
-  for k, v in bench.MODEL.items():
-    if k != 'architecture':
-      c.model[k] = v
-  c.model.max_position_embeddings = bench.PROMPT_LEN + bench.NEW
+  if args.like:  # a real model's shape, random weights (Side's init)
+    c.model.hf_path = args.like
+  else:
+    for k, v in bench.MODEL.items():
+      if k != 'architecture':
+        c.model[k] = v
+    c.model.max_position_embeddings = bench.PROMPT_LEN + args.new_tokens
   c.rollout.max_prompt_length = bench.PROMPT_LEN
-  c.rollout.max_new_tokens = bench.NEW
-  c.rollout.prompts_per_step = bench.PROMPTS
+  c.rollout.max_new_tokens = args.new_tokens
+  c.rollout.prompts_per_step = args.prompts
   c.rollout.samples_per_prompt = bench.SAMPLES
   c.train.mini_batches = args.mini_batches
   c.train.micro_batches = args.micro_batches
@@ -59,9 +63,22 @@ def run_config(args, packing: bool):
   return build.build(c)
 
 
-def synthetic_batch(full_length: bool, seed: int = 0) -> TrainBatch:
+def synthetic_batch(
+  full_length: bool,
+  *,
+  prompts: int = bench.PROMPTS,
+  new_tokens: int = bench.NEW,
+  vocab: int = bench.MODEL['vocab_size'],
+  seed: int = 0,
+) -> TrainBatch:
   """The realistic-length GRPO batch (module docstring), numpy."""
-  r = bench.train_rows(full_length, seed)
+  r = bench.train_rows(
+    full_length,
+    seed,
+    rows=prompts * bench.SAMPLES,
+    new=new_tokens,
+    vocab=vocab,
+  )
   b = r['tokens'].shape[0]
   return TrainBatch(
     tokens=r['tokens'],
@@ -72,9 +89,7 @@ def synthetic_batch(full_length: bool, seed: int = 0) -> TrainBatch:
     top_k=np.zeros(b, np.int32),
     top_p=np.ones(b, np.float32),
     min_p=np.zeros(b, np.float32),
-    group_ids=np.repeat(np.arange(bench.PROMPTS), bench.SAMPLES).astype(
-      np.int32
-    ),
+    group_ids=np.repeat(np.arange(prompts), bench.SAMPLES).astype(np.int32),
     seq_reward=r['reward'],
     version_gap=np.zeros(r['mask'].shape, np.int32),
   )
@@ -141,14 +156,35 @@ def main() -> None:
   ap.add_argument('--mini-batches', type=int, default=1)
   ap.add_argument('--micro-batches', type=int, default=2)
   ap.add_argument('--full-length', action='store_true')
+  ap.add_argument('--prompts', type=int, default=bench.PROMPTS)
+  ap.add_argument('--new-tokens', type=int, default=bench.NEW)
+  ap.add_argument(
+    '--like',
+    default='',
+    help='HF model directory: its shape (config.json), random weights',
+  )
   args = ap.parse_args()
-  host = synthetic_batch(args.full_length)
+  vocab = (
+    TransformerConfig.from_hf_config(args.like).vocab_size
+    if args.like
+    else bench.MODEL['vocab_size']
+  )
+  host = synthetic_batch(
+    args.full_length,
+    prompts=args.prompts,
+    new_tokens=args.new_tokens,
+    vocab=vocab,
+  )
   real = int(host.segment_ids.sum())
   sides = {
     'padded': Side(args, False, host),
     'packed': Side(args, True, host),
   }
-  for s in sides.values():  # compile
+  for s in sides.values():
+    # Twice: the first call compiles for the freshly initialised state, the
+    # second for the state a step returns (its arrays are committed to the
+    # mesh, which changes the compiled program's input shardings).
+    s.step()
     s.step()
   results = {k: [] for k in sides}
   for _ in range(args.reps):
@@ -156,7 +192,7 @@ def main() -> None:
       peak = matmul_peak()
       results[name].append(dict(s.step(), peak=peak))
   cfg = sides['padded'].cfg
-  seq = bench.PROMPT_LEN + bench.NEW
+  seq = bench.PROMPT_LEN + args.new_tokens
   fpt = flops_per_token(cfg, seq)
   epochs = sides['padded'].run.train.ppo_epochs
   print(

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The device checks of the speed and multi-turn issues, as one script for a
+# lent GPU machine (docs/benchmarks.md, "GPU"). Run from the repo root:
+#
+#   bash bench/device.sh OUT_DIR [PART ...]    # default: every part
+#
+# The machine has JAX with CUDA but none of jaxcorr's own requirements and no
+# network, so the caller brings them as wheels in .whl/ (ml-collections,
+# google-jetstream, qwix, jsonschema and its parts, gguf) plus .devcarry/:
+#   .devcarry/site/seqio   import-only stand-in: JetStream's token_utils
+#                          imports seqio (and through it TensorFlow, which is
+#                          not there); jaxcorr's engine never calls it.
+#   .devcarry/SmolLM2-like SmolLM2-135M-Instruct's config and tokenizer, no
+#                          weights (538 MB do not travel): random weights of
+#                          the same shape are written there first
+#                          (bench/random_checkpoint.py).
+# Each part has its own time limit so one slow part cannot starve the rest;
+# every part's log lands in OUT_DIR.
+set -u
+out=${1:?usage: bash bench/device.sh OUT_DIR [PART ...]}
+shift
+parts=${*:-update agents smollm2_update smollm2_step update_full train_split}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:.devcarry/site:.:bench
+export JAXCORR_CACHE=/tmp/jaxcorr-cache TF_CPP_MIN_LOG_LEVEL=3
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --upgrade --target /tmp/site .whl/*.whl || exit 1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c 'import jax, flax, optax; print("jax", jax.__version__, "flax",
+flax.__version__, "optax", optax.__version__, jax.devices())'
+
+part() {  # part NAME SECONDS CMD...: run one part, log to $out/NAME.log
+  local name=$1 secs=$2
+  shift 2
+  echo "=== $name (limit ${secs}s) $(date +%T)"
+  timeout "$secs" "$@" 2>&1 | tee "$out/$name.log" | grep -v '^W0000\|^I0000'
+  echo "=== $name rc=${PIPESTATUS[0]} $(date +%T)"
+}
+
+smol=.devcarry/SmolLM2-like
+python3 bench/random_checkpoint.py --like=$smol \
+  --out="$JAXCORR_CACHE/SmolLM2-135M-Instruct" || exit 1
+
+for p in $parts; do
+  case $p in
+  update) part update 90 python3 bench/update.py --reps=3 ;;
+  agents) part agents 110 python3 bench/agents.py --repeats=3 ;;
+  # SmolLM2's shape (random weights), 64 rows of 32 + up to 512 tokens.
+  smollm2_update) part smollm2_update 130 python3 bench/update.py --reps=3 \
+    --like=$smol --new-tokens=512 ;;
+  # The whole RL step on SmolLM2's shape: 16 prompts x 8, 256 new tokens.
+  smollm2_step) part smollm2_step 140 python3 bench/smollm2.py --parts=step \
+    --steps=3 --prompts=16 --samples=8 --new_tokens=256 ;;
+  update_full) part update_full 60 python3 bench/update.py --reps=3 \
+    --full-length ;;
+  train_split) part train_split 50 python3 bench/train.py --steps=3 ;;
+  *) echo "unknown part $p" ;;
+  esac
+done
