@@ -4,8 +4,9 @@ library a user would pick instead (not run in CI).
 Same shapes on both sides (`bench/rollout.py`'s workloads: 16 prompts x 4
 samples, 32-token prompts, 128 new tokens, a 5M-param Llama-style model,
 float32, temperature 1, no truncation): (a) every row runs to the cap,
-(b) every 64th token id stops a row. Tunix gets each prompt 4 times (it
-has no samples-per-prompt knob); its ids-as-text tokenizer keeps pad and
+(b) every 64th token id stops a row, (p) one new token per row: the
+prefill and the first sample (time to first token). Tunix gets each
+prompt 4 times (it has no samples-per-prompt knob); its ids-as-text tokenizer keeps pad and
 (for (a)) eos outside the vocabulary so nothing stops a row early. Its
 weights are its own random init (timing does not depend on the values);
 response lengths of both sides are printed for (b).
@@ -107,7 +108,7 @@ def _tunix_worker() -> None:
     t0 = time.perf_counter()
     out = sampler(
       texts,
-      max_generation_steps=bench.NEW,
+      max_generation_steps=bench.new_tokens(workload),
       max_prompt_length=bench.PROMPT_LEN,
       return_logprobs=True,
       eos_tokens=stop,
@@ -119,7 +120,7 @@ def _tunix_worker() -> None:
     secs = time.perf_counter() - t0
     # Tunix cuts each row before its eos; jaxcorr keeps the stop token in
     # the response: count it on Tunix's side too.
-    lengths = [min(len(t) + 1, bench.NEW) for t in out.tokens]
+    lengths = [min(len(t) + 1, bench.new_tokens(workload)) for t in out.tokens]
     return dict(seconds=secs, tokens=int(sum(lengths)), lengths=lengths)
 
   bench.serve(run, name=f'tunix {sampler_lib.__file__}')
@@ -319,7 +320,8 @@ def main() -> None:
   bench.report(results, 'jaxcorr', 'tunix')
   for w, sides in results.items():
     tl = np.concatenate([r['lengths'] for r in sides['tunix']])
-    print(f'({w}) tunix response length mean {tl.mean() / bench.NEW:.0%}')
+    cap = bench.new_tokens(w)
+    print(f'({w}) tunix response length mean {tl.mean() / cap:.0%}')
   sys.stdout.flush()
 
 

@@ -6,7 +6,11 @@ Workloads (16 prompts x 4 samples, 32-token prompts, 128 new tokens, the
 
   (a) full       no stop tokens: every row runs to max_new_tokens;
   (b) realistic  every 64th token id stops a row: lengths spread from a
-                 few tokens to the cap (mean ~45% of it; printed).
+                 few tokens to the cap (mean ~45% of it; printed);
+  (p) prefill    one new token per row: the batch's prompt prefill and its
+                 first sampled token (time to first token). Both sides
+                 produce the same 64 tokens, so the tokens/s ratio is the
+                 speed ratio of the prefill.
 
 Each implementation runs in its own warm worker process (its checkout
 first on PYTHONPATH), and the parent alternates repetitions between them
@@ -54,6 +58,7 @@ MODEL = dict(
   rope_theta=1e6,
 )
 STOP_EVERY = 64  # workload (b): ids 0, 64, 128, ... stop a row
+WORKLOADS = 'abp'
 WARMUP_SEEDS = 4
 
 
@@ -93,9 +98,13 @@ def prompts() -> list[list[int]]:
 
 
 def stop_ids(workload: str) -> list[int]:
-  if workload == 'a':
+  if workload != 'b':
     return []
   return list(range(0, MODEL['vocab_size'], STOP_EVERY))
+
+
+def new_tokens(workload: str) -> int:
+  return 1 if workload == 'p' else NEW
 
 
 # ------------------------------------------------------------ workers
@@ -141,7 +150,7 @@ def _jaxcorr_worker(decode_chunk: int) -> None:
       engine,
       ps,
       num_samples=SAMPLES,
-      max_new_tokens=NEW,
+      max_new_tokens=new_tokens(workload),
       stop_token_ids=stop_ids(workload),
       seed=seed,
     )
@@ -162,6 +171,7 @@ def serve(run, name: str) -> None:
   trainer compiles each variant once; jaxcorr's worker also compiles them
   all first with `Decoder.warm_up`, so no timed run compiles)."""
   run('a', 0)
+  run('p', 0)
   for seed in range(WARMUP_SEEDS):
     run('b', seed)
   print(json.dumps(dict(ready=name)), flush=True)
@@ -212,9 +222,9 @@ def jaxcorr_worker(label: str, root: str, decode_chunk: int) -> Worker:
 def alternate(workers: list[Worker], reps: int) -> dict:
   """{workload: {label: [result per rep]}}, workers interleaved per rep
   (the starting worker rotates so neither always runs first)."""
-  out = {w: {k.label: [] for k in workers} for w in 'ab'}
+  out = {w: {k.label: [] for k in workers} for w in WORKLOADS}
   for rep in range(reps):
-    for w in 'ab':
+    for w in WORKLOADS:
       order = workers[rep % len(workers) :] + workers[: rep % len(workers)]
       for k in order:
         out[w][k.label].append(k.run(w, 100 + rep))
@@ -238,7 +248,8 @@ def report(results: dict, new: str, ref: str) -> dict:
       f'({w}) {new}: {summary[w]["new"]:8.0f} tok/s   {ref}: '
       f'{summary[w]["ref"]:8.0f} tok/s   ratio {summary[w]["ratio"]:.2f}x '
       f'(paired: {", ".join(f"{r:.2f}" for r in ratios)}); response '
-      f'length mean {lengths.mean() / NEW:.0%} of cap, min {lengths.min()}, '
+      f'length mean {lengths.mean() / new_tokens(w):.0%} of cap, min '
+      f'{lengths.min()}, '
       f'max {lengths.max()}'
     )
   return summary
