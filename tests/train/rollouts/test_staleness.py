@@ -151,6 +151,59 @@ def test_a_masked_stale_token_leaves_the_sequence_statistics():
   np.testing.assert_allclose(np.asarray(c.weights), want, rtol=1e-5)
 
 
+# A multi-turn batch (docs/agents.md): E marks an environment token, in
+# the context (the trainer conditions on it) with no version and outside
+# response_mask; agent tokens carry the version that sampled them.
+E = -2
+AGENT_VERSIONS = [
+  [1, 1, E, E, 4, 5],  # 0: first turn stale, second turn fresh
+  [4, 4, E, E, 5, 5],  # 1: every agent token fresh
+  [1, E, E, 1, 1, N],  # 2: every agent token stale
+]
+
+
+def agent_batch() -> RolloutBatch:
+  v = np.asarray(AGENT_VERSIONS)
+  batch = rollout_batch(np.where(v == E, 0, v), [STOP] * len(v))
+  env = v == E
+  return batch.replace(
+    response_mask=batch.response_mask & ~env,
+    policy_version=np.where(env, -1, v).astype(np.int32),
+    rollout_logp=np.where(env, 0, batch.rollout_logp).astype(np.float32),
+    rollout_logp_truncated=np.where(env, 0, batch.rollout_logp).astype(
+      np.float32
+    ),
+  )
+
+
+@pytest.mark.parametrize('policy', ['drop', 'mask'])
+def test_environment_tokens_are_never_stale_and_stay_in_context(policy):
+  """Stream mode with agents: an environment token's missing version (-1)
+  is not a gap of TV + 1, so a fresh trajectory is not dropped for its
+  observations; 'mask' removes a stale turn's agent tokens only; every
+  environment token stays in the context the later turns attend to."""
+  batch = agent_batch()
+  v = np.asarray(AGENT_VERSIONS)
+  env, agent = v == E, v >= 0
+  kept, stale = batch_lib.keep_rows(batch, TV, MAX_STALE, policy)
+  out = _assemble(batch, policy)
+  if policy == 'drop':
+    np.testing.assert_array_equal(kept, [0, 1, 0])
+    np.testing.assert_array_equal(stale, [1, 0, 1])
+    want = agent & kept[:, None]
+  else:
+    np.testing.assert_array_equal(kept, [1, 1, 0])
+    np.testing.assert_array_equal(stale, [0, 0, 1])
+    want = agent & (v >= TV - MAX_STALE)
+  np.testing.assert_array_equal(out.response_mask, want)
+  assert not (out.response_mask & env).any()
+  p = batch.prompt_tokens.shape[1]
+  np.testing.assert_array_equal(out.segment_ids[:, p:], agent | env)
+  np.testing.assert_array_equal(
+    out.version_gap, np.where(want, TV - v, 0).astype(np.int32)
+  )
+
+
 def test_unknown_policy_names_the_field():
   batch = rollout_batch(VERSIONS, FINISH)
   with pytest.raises(ValueError, match=r"staleness_policy='late'.*'mask'"):
