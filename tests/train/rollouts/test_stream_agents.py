@@ -1,12 +1,15 @@
 """Streaming mode with multi-turn tool use (`rollout.mode='stream'` with
 configs/arith_tool.py:pulse): weights swapped between the rounds of
 trajectories in flight, so one trajectory holds agent tokens of two
-versions, each keeping its own; a scheduled stream is the same run to run."""
+versions, each keeping its own; a scheduled stream is the same run to run
+and resumes exactly from a checkpoint. (The staleness policies on
+multi-turn rows: tests/train/rollouts/test_staleness.py.)"""
 
 from __future__ import annotations
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -90,3 +93,56 @@ def test_scheduled_agent_stream_spans_versions_and_is_reproducible(tmp_path):
   for a, b in zip(batches, batches_again):
     np.testing.assert_array_equal(a.policy_version, b.policy_version)
     np.testing.assert_array_equal(a.rollout_logp, b.rollout_logp)
+
+
+@pytest.mark.slow
+def test_agent_stream_resumes_exactly_from_a_checkpoint(tmp_path):
+  """A scheduled agent stream drains at each checkpoint step, so a run
+  stopped at step 2 and resumed in a fresh trainer trains on the same
+  trajectories (tokens, per-token versions, log-probs) and ends with the
+  same weights as the run that never stopped."""
+
+  def config(steps):
+    c = _config()
+    c.train.checkpoint_every = 2
+    c.train.num_steps = steps
+    return c
+
+  def train(workdir, steps):
+    trainer = Trainer.from_config(
+      config(steps), str(workdir), config_name='test'
+    )
+    batches = []
+    train_on = trainer.train_on
+
+    def recording(scored):
+      batches.append(scored.batch)
+      return train_on(scored)
+
+    trainer.train_on = recording
+    trainer.train()
+    return trainer, batches
+
+  full, full_batches = train(tmp_path / 'full', 4)
+  _, first = train(tmp_path / 'part', 2)
+  resumed, rest = train(tmp_path / 'part', 4)
+  assert resumed.step == 4 and len(first) == len(rest) == 2
+  for a, b in zip(full_batches, first + rest):
+    for field in (
+      'response_tokens',
+      'context_mask',
+      'response_mask',
+      'policy_version',
+      'rollout_logp',
+    ):
+      np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+  for a, b in zip(
+    jax.tree.leaves(jax.device_get(full.state.params)),
+    jax.tree.leaves(jax.device_get(resumed.state.params)),
+  ):
+    np.testing.assert_array_equal(a, b)
+  rows = {}
+  for name in ('full', 'part'):
+    with open(tmp_path / name / 'metrics.jsonl') as f:
+      rows[name] = _stable([r for r in map(json.loads, f) if r['step'] > 0])
+  assert rows['part'] == rows['full']
