@@ -16,6 +16,19 @@
 #                          (bench/random_checkpoint.py).
 # Each part has its own time limit so one slow part cannot starve the rest;
 # every part's log lands in OUT_DIR.
+#
+# Preparing them here (both folders are git-excluded; docs/benchmarks.md,
+# "GPU", has what the H200 run carried):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux2014_x86_64 -d .whl \
+#     google-jetstream==0.2.2 ml-collections qwix==0.1.8 jsonschema \
+#     referencing rpds-py jsonschema-specifications gguf
+#   mkdir -p .devcarry/site/seqio .devcarry/SmolLM2-like
+#   (seqio/__init__.py empty; seqio/vocabularies.py defines Vocabulary,
+#   whose __init__ raises ImportError, and SentencePieceVocabulary(Vocabulary))
+#   cp ~/.cache/jaxcorr/SmolLM2-135M-Instruct/{config,tokenizer,\
+#     tokenizer_config,special_tokens_map,generation_config}.json \
+#     .devcarry/SmolLM2-like/
 set -u
 out=${1:?usage: bash bench/device.sh OUT_DIR [PART ...]}
 shift
