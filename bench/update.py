@@ -47,6 +47,9 @@ def run_config(args, packing: bool):
   c = arith_tiny.get_config(args.preset)
   if args.like:  # a real model's shape, random weights (Side's init)
     c.model.hf_path = args.like
+    # One layer compiled, not L: unrolled, SmolLM2's 30 layers did not
+    # finish compiling four programs in 130 s on the H200.
+    c.model.scan_layers = True
   else:
     for k, v in bench.MODEL.items():
       if k != 'architecture':
