@@ -6,8 +6,9 @@ samples, 32-token prompts, 128 new tokens, a 5M-param Llama-style model,
 float32, temperature 1, no truncation): (a) every row runs to the cap,
 (b) every 64th token id stops a row, (p) one new token per row: the
 prefill and the first sample (time to first token). Tunix gets each
-prompt 4 times (it has no samples-per-prompt knob); its ids-as-text tokenizer keeps pad and
-(for (a)) eos outside the vocabulary so nothing stops a row early. Its
+prompt 4 times (it has no samples-per-prompt knob); its ids-as-text
+tokenizer keeps pad and (for (a)) eos outside the vocabulary so nothing
+stops a row early. Its
 weights are its own random init (timing does not depend on the values);
 response lengths of both sides are printed for (b).
 
@@ -209,13 +210,8 @@ def _tunix_train_worker(loads: list[str]) -> None:
 def _jaxcorr_train_worker(packing: bool, loads: list[str]) -> None:
   import update  # bench/update.py
 
-  args = argparse.Namespace(  # bench/update.py's flags, its batch shape
-    preset='bypass_ppo_clip',
-    mini_batches=1,
-    micro_batches=1,
-    like='',
-    prompts=bench.PROMPTS,
-    new_tokens=bench.NEW,
+  args = update.parser().parse_args(
+    ['--preset=bypass_ppo_clip', '--micro-batches=1']
   )
   sides = {
     w: update.Side(args, packing, update.synthetic_batch(w == 'full'))

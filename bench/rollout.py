@@ -249,8 +249,7 @@ def report(results: dict, new: str, ref: str) -> dict:
       f'{summary[w]["ref"]:8.0f} tok/s   ratio {summary[w]["ratio"]:.2f}x '
       f'(paired: {", ".join(f"{r:.2f}" for r in ratios)}); response '
       f'length mean {lengths.mean() / new_tokens(w):.0%} of cap, min '
-      f'{lengths.min()}, '
-      f'max {lengths.max()}'
+      f'{lengths.min()}, max {lengths.max()}'
     )
   return summary
 

@@ -158,7 +158,9 @@ class Side:
     return dict(host=t1 - t0, prepare=t2 - t1, update=t3 - t2, total=t3 - t0)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+  """This bench's flags (bench/compare_tunix.py and bench/update_split.py
+  build their `Side` from the same ones)."""
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--reps', type=int, default=3)
   ap.add_argument('--preset', default='decoupled_geo_rs')
@@ -172,7 +174,11 @@ def main() -> None:
     default='',
     help='HF model directory: its shape (config.json), random weights',
   )
-  args = ap.parse_args()
+  return ap
+
+
+def main() -> None:
+  args = parser().parse_args()
   vocab = (
     TransformerConfig.from_hf_config(args.like).vocab_size
     if args.like

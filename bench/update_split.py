@@ -92,13 +92,8 @@ def main() -> None:
   ap.add_argument('--realistic', action='store_true')
   ap.add_argument('--preset', default='bypass_ppo_clip')
   args = ap.parse_args()
-  ns = argparse.Namespace(  # bench/update.py's flags, its batch shape
-    preset=args.preset,
-    mini_batches=1,
-    micro_batches=1,
-    like='',
-    prompts=update.bench.PROMPTS,
-    new_tokens=update.bench.NEW,
+  ns = update.parser().parse_args(
+    [f'--preset={args.preset}', '--micro-batches=1']
   )
   side = update.Side(ns, True, update.synthetic_batch(not args.realistic))
   side.step()
