@@ -35,9 +35,10 @@ def _config():
   return c
 
 
-def _run(workdir):
-  """(metrics rows, each step's rollout batch)."""
-  trainer = Trainer.from_config(_config(), str(workdir), config_name='test')
+def _train(config, workdir):
+  """(the trainer after `train()`, the rollout batch of each step it
+  trained)."""
+  trainer = Trainer.from_config(config, str(workdir), config_name='test')
   batches = []
   train_on = trainer.train_on
 
@@ -47,9 +48,19 @@ def _run(workdir):
 
   trainer.train_on = recording
   trainer.train()
+  return trainer, batches
+
+
+def _metrics(workdir):
+  """metrics.jsonl's rows of the RL steps."""
   with open(workdir / 'metrics.jsonl') as f:
-    rows = [json.loads(line) for line in f]
-  return [r for r in rows if r['step'] > 0], batches
+    return [r for r in map(json.loads, f) if r['step'] > 0]
+
+
+def _run(workdir):
+  """(metrics rows, each step's rollout batch)."""
+  _, batches = _train(_config(), workdir)
+  return _metrics(workdir), batches
 
 
 def _stable(rows):
@@ -108,24 +119,9 @@ def test_agent_stream_resumes_exactly_from_a_checkpoint(tmp_path):
     c.train.num_steps = steps
     return c
 
-  def train(workdir, steps):
-    trainer = Trainer.from_config(
-      config(steps), str(workdir), config_name='test'
-    )
-    batches = []
-    train_on = trainer.train_on
-
-    def recording(scored):
-      batches.append(scored.batch)
-      return train_on(scored)
-
-    trainer.train_on = recording
-    trainer.train()
-    return trainer, batches
-
-  full, full_batches = train(tmp_path / 'full', 4)
-  _, first = train(tmp_path / 'part', 2)
-  resumed, rest = train(tmp_path / 'part', 4)
+  full, full_batches = _train(config(4), tmp_path / 'full')
+  _, first = _train(config(2), tmp_path / 'part')
+  resumed, rest = _train(config(4), tmp_path / 'part')
   assert resumed.step == 4 and len(first) == len(rest) == 2
   for a, b in zip(full_batches, first + rest):
     for field in (
@@ -141,8 +137,5 @@ def test_agent_stream_resumes_exactly_from_a_checkpoint(tmp_path):
     jax.tree.leaves(jax.device_get(resumed.state.params)),
   ):
     np.testing.assert_array_equal(a, b)
-  rows = {}
-  for name in ('full', 'part'):
-    with open(tmp_path / name / 'metrics.jsonl') as f:
-      rows[name] = _stable([r for r in map(json.loads, f) if r['step'] > 0])
-  assert rows['part'] == rows['full']
+  full_rows = _stable(_metrics(tmp_path / 'full'))
+  assert _stable(_metrics(tmp_path / 'part')) == full_rows
