@@ -181,30 +181,41 @@ def attend(
   T, Dh] with `heads_first`, the cache layout), mask [B or 1, S, T] (True =
   attend) -> [B, S, H, Dh].
 
-  Plain XLA einsums: the [B, K, G, S, T] float32 scores are materialised. A
+  Plain XLA einsums: the [B, K, G·S, T] float32 scores are materialised. A
   fused kernel (splash / flash attention) taking segment ids would replace
   this function only.
+
+  Heads first, a KV head's G query heads stacked along the query axis: each
+  (row, KV head) is then one [G·S, Dh] x [Dh, T] product over contiguous
+  operands. With the scores laid out [B, K, G, S, T] and q, k, v left
+  token-major, XLA:CPU ran the layer's attention forward + backward 1.45x
+  slower (bench model, 64 x 160 tokens: 230 ms against 160 ms).
   """
   b, s, h, dh = q.shape
   kv = k.shape[1 if heads_first else 2]
+  g = h // kv
   if s == 1 and heads_first:
-    return _attend_one(q.reshape(b, kv, h // kv, dh), k, v, mask).reshape(
-      b, 1, h, dh
-    )
-  kv_spec = 'bktd' if heads_first else 'btkd'
-  q = q.reshape(b, s, kv, h // kv, dh)
+    return _attend_one(q.reshape(b, kv, g, dh), k, v, mask).reshape(b, 1, h, dh)
+  if not heads_first:
+    k, v = (x.swapaxes(1, 2) for x in (k, v))  # [B, K, T, Dh]
+  q = jnp.einsum('bskgd->bkgsd', q.reshape(b, s, kv, g, dh))
+  q = q.reshape(b, kv, g * s, dh)
   scores = jnp.einsum(
-    f'bskgd,{kv_spec}->bkgst',
+    'bkqd,bktd->bkqt',
     q,
     k,
     precision=precision,
     preferred_element_type=jnp.float32,
   )
   scores = scores * (dh**-0.5)
-  scores = jnp.where(mask[:, None, None], scores, _NEG_INF)
+  t = scores.shape[-1]
+  grouped = jnp.broadcast_to(mask[:, None, None], (mask.shape[0], 1, g, s, t))
+  scores = jnp.where(grouped.reshape(-1, 1, g * s, t), scores, _NEG_INF)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum(f'bkgst,{kv_spec}->bskgd', probs, v, precision=precision)
-  return out.reshape(b, s, h, dh)
+  out = jnp.einsum('bkqt,bktd->bkqd', probs, v, precision=precision)
+  return jnp.einsum('bkgsd->bskgd', out.reshape(b, kv, g, s, dh)).reshape(
+    b, s, h, dh
+  )
 
 
 def _attend_one(

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxcorr.model.layers import matmul_precision
+from jaxcorr.model.projection import dense_einsum
 from jaxcorr.model.transformer import (
   Transformer,
   entropy_terms,
@@ -86,11 +87,11 @@ def _chunk_stats(
   """hidden [B, c, D], targets [B, c] -> (logp, entropy | None, log_mass |
   None), each [B, c]; with `kept` = (ids [B, c, C], count [B, c]) the
   log-prob is renormalised over the kept set (`replay_logprobs`)."""
-  logits = jnp.einsum(
+  logits = dense_einsum(
     'bcd,vd->bcv',
     hidden.astype(dtype),
     head.astype(dtype),
-    precision=precision,
+    precision,
     preferred_element_type=jnp.float32,
   )
   logits = mask_padded_vocab(logits, real_vocab_size)

@@ -42,6 +42,8 @@ import jax.numpy as jnp
 import qwix
 from flax import nnx
 
+from jaxcorr.model.projection import dense_einsum
+
 QTYPES = {'int8': jnp.int8, 'fp8': jnp.float8_e4m3fn}
 """`rollout.quantization` name -> storage dtype (fp8 is e4m3, the format
 inference uses for weights)."""
@@ -184,11 +186,14 @@ def project(
   preferred_element_type: Any = None,
 ) -> jax.Array:
   """`einsum(equation, x, kernel)` in `dtype` for a plain or quantized
-  kernel (see the module docstring)."""
+  kernel (see the module docstring). A plain kernel goes through
+  `dense_einsum` (jaxcorr/model/projection.py) for its weight gradient."""
   x = x.astype(dtype)
   if not isinstance(kernel, QuantizedWeight):
-    w = kernel.astype(dtype)
-  elif kernel.act_qtype is None:
+    return dense_einsum(
+      equation, x, kernel.astype(dtype), precision, preferred_element_type
+    )
+  if kernel.act_qtype is None:
     w = kernel.dequantize(dtype)
   else:
     lhs = equation.split('->')[0].split(',')[0]

@@ -41,12 +41,18 @@ from jaxcorr.model.layers import (
   rope_tables,
 )
 from jaxcorr.model.moe import MoEDecoderLayer, RouterStats, stack_stats
+from jaxcorr.model.projection import PROJECTION
 from jaxcorr.model.quantized_weights import embed_rows, project
 from jaxcorr.sharding import constrain
 
 _REMAT_POLICY = {
   'full': jax.checkpoint_policies.nothing_saveable,
-  'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+  # The projections are `custom_vjp` calls, not dots, to the policy: they
+  # are saved by name (jaxcorr/model/projection.py).
+  'dots': jax.checkpoint_policies.save_from_both_policies(
+    jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    jax.checkpoint_policies.save_only_these_names(PROJECTION),
+  ),
 }
 
 
