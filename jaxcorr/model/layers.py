@@ -21,6 +21,8 @@ scoring forward.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -200,6 +202,16 @@ def attend(
     k, v = (x.swapaxes(1, 2) for x in (k, v))  # [B, K, T, Dh]
   q = jnp.einsum('bskgd->bkgsd', q.reshape(b, s, kv, g, dh))
   q = q.reshape(b, kv, g * s, dh)
+  t = k.shape[2]
+  grouped = jnp.broadcast_to(mask[:, None, None], (mask.shape[0], 1, g, s, t))
+  out = _grouped_attention(q, k, v, grouped.reshape(-1, 1, g * s, t), precision)
+  return jnp.einsum('bkgsd->bskgd', out.reshape(b, kv, g, s, dh)).reshape(
+    b, s, h, dh
+  )
+
+
+def _probs(q, k, mask, precision):
+  """softmax(q·kᵀ / √Dh) over the attended keys, float32 [B, K, Q, T]."""
   scores = jnp.einsum(
     'bkqd,bktd->bkqt',
     q,
@@ -207,15 +219,53 @@ def attend(
     precision=precision,
     preferred_element_type=jnp.float32,
   )
-  scores = scores * (dh**-0.5)
-  t = scores.shape[-1]
-  grouped = jnp.broadcast_to(mask[:, None, None], (mask.shape[0], 1, g, s, t))
-  scores = jnp.where(grouped.reshape(-1, 1, g * s, t), scores, _NEG_INF)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum('bkqt,bktd->bkqd', probs, v, precision=precision)
-  return jnp.einsum('bkgsd->bskgd', out.reshape(b, kv, g, s, dh)).reshape(
-    b, s, h, dh
+  scores = jnp.where(mask, scores * (q.shape[-1] ** -0.5), _NEG_INF)
+  return jax.nn.softmax(scores, axis=-1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _grouped_attention(q, k, v, mask, precision):
+  """q [B, K, Q, Dh], k/v [B, K, T, Dh], mask [B or 1, 1, Q, T] ->
+  [B, K, Q, Dh].
+
+  The backward is written out (softmax's: dS = P ⊙ (dP - rowsum(dP ⊙ P)),
+  zero where masked, times 1/√Dh) rather than derived: autodiff's own
+  passes over the [B, K, Q, T] scores (the scale, the select, softmax's
+  jvp) made a layer's attention forward + backward 1.15x slower on
+  XLA:CPU (bench model: 165 ms against 144 ms). The same products.
+  """
+  probs = _probs(q, k, mask, precision).astype(v.dtype)
+  return jnp.einsum('bkqt,bktd->bkqd', probs, v, precision=precision)
+
+
+def _grouped_attention_fwd(q, k, v, mask, precision):
+  probs = _probs(q, k, mask, precision)
+  out = jnp.einsum(
+    'bkqt,bktd->bkqd', probs.astype(v.dtype), v, precision=precision
   )
+  return out, (q, k, v, mask, probs)
+
+
+def _grouped_attention_bwd(precision, residuals, d_out):
+  q, k, v, mask, probs = residuals
+  dv = jnp.einsum(
+    'bkqt,bkqd->bktd', probs.astype(v.dtype), d_out, precision=precision
+  )
+  dp = jnp.einsum('bkqd,bktd->bkqt', d_out, v, precision=precision)
+  dp = dp.astype(jnp.float32)
+  ds = probs * (dp - jnp.sum(dp * probs, axis=-1, keepdims=True))
+  ds = jnp.where(mask, ds * (q.shape[-1] ** -0.5), 0.0)
+  dq = jnp.einsum('bkqt,bktd->bkqd', ds, k, precision=precision)
+  dk = jnp.einsum('bkqt,bkqd->bktd', ds, q, precision=precision)
+  return (
+    dq.astype(q.dtype),
+    dk.astype(k.dtype),
+    dv.astype(v.dtype),
+    None,
+  )
+
+
+_grouped_attention.defvjp(_grouped_attention_fwd, _grouped_attention_bwd)
 
 
 def _attend_one(

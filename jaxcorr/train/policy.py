@@ -91,7 +91,7 @@ class ModelConfig:
     128, _POS, 'Positions per chunk of the chunked log-prob computation.'
   )
   logprob_remat: str = setting(
-    'always',
+    'auto',
     one_of(*REMAT_MODES),
     "The update's log-prob chunks: recompute each chunk's [B, c, V] logits "
     "in the backward pass ('always'), keep them ('never') or keep them "
