@@ -199,6 +199,10 @@ def test_sharded_forward_and_gradients_equal_single_device():
   np.testing.assert_allclose(got[1], ref[1], atol=2e-5)
   g_ref, g_got = stack_layers(ref[2]), stack_layers(got[2])
   for k in g_ref:
+    # float32 reordering noise scales with the summed terms, not the sum:
+    # the tied embedding's gradient (up to ~24 here) sums every position's
+    # head and lookup terms, so a near-zero entry of it carries ~6e-5.
+    atol = max(2e-5, 4e-6 * float(np.abs(g_ref[k]).max()))
     np.testing.assert_allclose(
-      g_got[k], g_ref[k], atol=2e-5, rtol=1e-4, err_msg=str(k)
+      g_got[k], g_ref[k], atol=atol, rtol=1e-4, err_msg=str(k)
     )

@@ -2,8 +2,9 @@
 
 The synthetic step batch, its rows widened so that several sequences share
 each packed row, goes through `Steps.prepare` + `Steps.update` unpacked and
-packed; the updated params and the metrics must agree within float32
-reordering (1e-6), and attention must never cross sequences.
+packed; the metrics must agree within float32 reordering (1e-6), the
+updated params within Adam's amplification of it (`TOL_LAYOUT`), and
+attention must never cross sequences.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tests.helpers.model_testing import fresh_train_state
 from tests.helpers.step_batches import one_device_mesh, step_arrays
 from tests.helpers.tolerance import (
   TOL_GOLDEN,
+  TOL_LAYOUT,
   TOL_LAYOUT_SHARDED,
   assert_close,
 )
@@ -69,8 +71,12 @@ def _compare(preset, *, micro, skip=lambda k: False, moves=True):
     for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(a))
   )
   assert moved > 0 or not moves, ma['actor/grad_norm']
+  # Params after Adam: float32 reordering of the weight gradients (other
+  # row lengths, other token counts per product) is amplified by
+  # m / sqrt(v) on near-zero gradients; the losses and gradients themselves
+  # are compared at 1e-6 in tests/train/packing/test_micro_view.py.
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    assert_close(y, x, TOL_GOLDEN, what='params')
+    assert_close(y, x, TOL_LAYOUT, what='params')
   assert set(ma) == set(mb)
   for k in ma:
     if not skip(k):
