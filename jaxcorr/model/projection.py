@@ -14,11 +14,11 @@ into the elementwise producer of that cotangent (SwiGLU's gate derivative).
 The fused loop then writes a `[F, N]` array column by column. On the bench
 model that one fusion cost 130 ms per layer, a fifth of the layers'
 forward + backward (bench/update_split.py, docs/benchmarks.md "The layers'
-weight gradients"). Written as a plain product of a transposed narrow
-operand, the same layers run 1.4x faster. The values are the same
-products summed in another order (1e-6 relative in float32, tested).
-GPU and TPU compilers fold an explicit transpose into the matmul, so the
-form costs them nothing.
+weight gradients and attention's backward"). Written as a plain product of
+a transposed narrow operand, the same layers run 1.4x faster. The values
+are the same products summed in another order (1e-6 relative in float32,
+tested). GPU and TPU matmuls take a transposed operand natively, so the
+form should cost them nothing; that is not measured yet.
 
 The output carries the checkpoint name `PROJECTION`, so the `dots` remat
 policy (jaxcorr/model/transformer.py) still saves these products: a
