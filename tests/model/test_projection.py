@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxcorr.model import Transformer, TransformerConfig
 from jaxcorr.model.projection import dense_einsum
+from tests.helpers.model_testing import random_model, tiny_config
 
 # (equation, x shape, w shape): the model's projections, both branches of
 # the narrow-operand choice (in <= out and in > out).
@@ -72,17 +72,8 @@ def test_batch_letters_in_the_kernel_are_refused(eq):
 
 
 def _dots_in_gradient(remat: str) -> int:
-  cfg = TransformerConfig(
-    vocab_size=64,
-    hidden_size=16,
-    intermediate_size=32,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    max_position_embeddings=32,
-    remat=remat,
-  )
-  graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+  model = random_model(tiny_config(remat=remat))
+  graphdef, params = nnx.split(model)
   tokens = jnp.zeros((2, 8), jnp.int32)
 
   def f(p):
