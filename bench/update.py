@@ -3,6 +3,7 @@
   python bench/update.py                    # ~5 minutes on a 2-core CPU
   python bench/update.py --reps=5 --preset=bypass_pg_is --full-length
   python bench/update.py --like=DIR --new-tokens=512   # a real model's shape
+  python bench/update.py --like=DIR --remat=none,dots  # two remat policies
 
 `Steps.prepare` + `Steps.update` (jaxcorr/train/step.py) on one synthetic GRPO
 batch: 16 prompts x 4 samples, 32-token prompts, responses of up to 128
@@ -13,7 +14,9 @@ batch runs padded (`train.packing=False`) and packed (`True`), alternating
 warm repetitions; the report gives each side's median and range, the
 per-repetition paired ratio, the prepare/update split and the FLOP rate of
 the tokens each side computes (padding included) over a dense-matmul peak
-measured before each repetition. Train tokens/s counts real tokens only
+measured before each repetition, and over the rate the step's own matmuls
+reach alone at their shapes (`gemm_ceiling`: what a step could reach if
+everything but its matmuls took no time). Train tokens/s counts real tokens only
 (prompt + response), so it is comparable across the two layouts.
 """
 
@@ -43,13 +46,14 @@ from jaxcorr.train.state import TrainState, make_optimizer
 from jaxcorr.train.step import Steps
 
 
-def run_config(args, packing: bool):
+def run_config(args, packing: bool, remat: str | None = None):
   c = arith_tiny.get_config(args.preset)
   if args.like:  # a real model's shape, random weights (Side's init)
     c.model.hf_path = args.like
     # One layer compiled, not L: unrolled, SmolLM2's 30 layers did not
     # finish compiling four programs in 130 s on the H200.
     c.model.scan_layers = True
+    c.model.remat = 'dots'  # as configs/smollm2_arith.py
   else:
     for k, v in bench.MODEL.items():
       if k != 'architecture':
@@ -63,6 +67,8 @@ def run_config(args, packing: bool):
   c.train.micro_batches = args.micro_batches
   c.train.shuffle_minibatches = False
   c.train.packing = packing
+  if remat:
+    c.model.remat = remat
   return build.build(c)
 
 
@@ -101,8 +107,10 @@ def synthetic_batch(
 class Side:
   """One layout's compiled prepare + update on its own state."""
 
-  def __init__(self, args, packing: bool, host: TrainBatch):
-    self.run = run_config(args, packing)
+  def __init__(
+    self, args, packing: bool, host: TrainBatch, remat: str | None = None
+  ):
+    self.run = run_config(args, packing, remat)
     self.mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ('data',))
     cfg = transformer_config(self.run.model)
     graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
@@ -158,6 +166,57 @@ class Side:
     return dict(host=t1 - t0, prepare=t2 - t1, update=t3 - t2, total=t3 - t0)
 
 
+def _best_time(f, *args, reps: int = 3) -> float:
+  f = jax.jit(f)
+  jax.block_until_ready(f(*args))
+  best = float('inf')
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    best = min(best, time.perf_counter() - t0)
+  return best
+
+
+def gemm_ceiling(cfg, positions: int, head_positions: int) -> float:
+  """The FLOP rate the update's matmuls reach on their own: every dense
+  product of a layer (q, k, v, o, gate, up, down) and the log-prob head,
+  forward and both backward products (`dy @ Wᵀ`, and `xᵀ @ dy` as
+  jaxcorr/model/projection.py computes it), each timed alone at its real
+  shape, weighted by its FLOPs. A step cannot beat it: attention, norms,
+  softmax and the optimizer only add time.
+
+  Args:
+    cfg: the model's TransformerConfig (dense layers).
+    positions: the rows x length of one micro-batch (the layers' M).
+    head_positions: the positions of one log-prob head chunk (its M).
+  """
+  d, dh = cfg.hidden_size, cfg.head_dim
+  shapes = [  # (M, in, out, products per token)
+    (positions, d, cfg.num_heads * dh, cfg.num_layers),  # q
+    (positions, d, cfg.num_kv_heads * dh, 2 * cfg.num_layers),  # k, v
+    (positions, cfg.num_heads * dh, d, cfg.num_layers),  # o
+    (positions, d, cfg.intermediate_size, 2 * cfg.num_layers),  # gate, up
+    (positions, cfg.intermediate_size, d, cfg.num_layers),  # down
+    (head_positions, d, cfg.vocab_size, 1),  # log-prob head
+  ]
+  rng = np.random.default_rng(0)
+  flops = seconds = 0.0
+  for m, k, n, count in shapes:
+    x, w, dy = (
+      jnp.asarray(rng.standard_normal(s, np.float32))
+      for s in ((m, k), (k, n), (m, n))
+    )
+    t = (
+      _best_time(lambda x, w: x @ w, x, w)
+      + _best_time(lambda dy, w: dy @ w.T, dy, w)
+      + _best_time(lambda xt, dy: xt @ dy, x.T, dy)
+    )
+    # Per token: 3 products of 2·k·n FLOPs, timed over m tokens.
+    flops += count * 3 * 2 * k * n
+    seconds += count * t / m
+  return flops / seconds
+
+
 def parser() -> argparse.ArgumentParser:
   """This bench's flags (bench/compare_tunix.py and bench/update_split.py
   build their `Side` from the same ones)."""
@@ -169,6 +228,12 @@ def parser() -> argparse.ArgumentParser:
   ap.add_argument('--full-length', action='store_true')
   ap.add_argument('--prompts', type=int, default=bench.PROMPTS)
   ap.add_argument('--new-tokens', type=int, default=bench.NEW)
+  ap.add_argument(
+    '--remat',
+    default='',
+    help="model.remat of both sides (default: the config's; 'dots' with "
+    "--like); 'A,B' runs remat A against B, both on packed rows",
+  )
   ap.add_argument(
     '--like',
     default='',
@@ -191,10 +256,16 @@ def main() -> None:
     vocab=vocab,
   )
   real = int(host.segment_ids.sum())
-  sides = {
-    'padded': Side(args, False, host),
-    'packed': Side(args, True, host),
-  }
+  if ',' in args.remat:  # two remat policies, both on packed rows
+    sides = {
+      f'remat={r}': Side(args, True, host, r) for r in args.remat.split(',')
+    }
+  else:
+    sides = {
+      'padded': Side(args, False, host, args.remat or None),
+      'packed': Side(args, True, host, args.remat or None),
+    }
+  first, second = sides
   for s in sides.values():  # compile
     s.step()
   results = {k: [] for k in sides}
@@ -202,10 +273,10 @@ def main() -> None:
     for name, s in sides.items():
       peak = matmul_peak()
       results[name].append(dict(s.step(), peak=peak))
-  cfg = sides['padded'].cfg
+  cfg = sides[first].cfg
   seq = bench.PROMPT_LEN + args.new_tokens
   fpt = flops_per_token(cfg, seq)
-  epochs = sides['padded'].run.train.ppo_epochs
+  epochs = sides[first].run.train.ppo_epochs
   print(
     f'backend: {jax.default_backend()} x{jax.device_count()}, '
     f'jax {jax.__version__}; model {cfg.num_params() / 1e6:.2f}M params; '
@@ -214,35 +285,48 @@ def main() -> None:
     f'{args.mini_batches} mini x {args.micro_batches} micro-batches; '
     f'{args.reps} reps'
   )
-  print('\nside     computed  step s [min-max]          prepare  update  host'
-        '   tok/s   FLOP/peak')  # fmt: skip
+  print('\nside           computed  step s [min-max]          prepare  update  host'
+        '   tok/s   FLOP/peak  ceiling  FLOP/ceiling')  # fmt: skip
   med = statistics.median
+  # The head runs on chunks of ≤ 128 response positions per row, of equal
+  # length (jaxcorr/model/logprobs.py).
+  chunks = -(-args.new_tokens // 128)
+  chunk = -(-args.new_tokens // chunks)
+  micro = args.mini_batches * args.micro_batches
   for name, s in sides.items():
     rs = results[name]
     tot = [r['total'] for r in rs]
+    rows = s.computed // seq // micro
+    ceiling = gemm_ceiling(cfg, rows * seq, rows * chunk)
     # prepare: one forward (π_old); update: forward + backward per epoch.
-    flops = [
-      fpt
-      * s.computed
-      * (1 + 3 * epochs)
-      / (r['prepare'] + r['update'])
-      / r['peak']
+    rate = [
+      fpt * s.computed * (1 + 3 * epochs) / (r['prepare'] + r['update'])
       for r in rs
     ]
     print(
-      f'{name:8s} {s.computed:8d}  {med(tot):6.3f} [{min(tot):.3f}-'
+      f'{name:14s} {s.computed:8d}  {med(tot):6.3f} [{min(tot):.3f}-'
       f'{max(tot):.3f}]  {med(r["prepare"] for r in rs):7.3f} '
       f'{med(r["update"] for r in rs):7.3f} {med(r["host"] for r in rs):5.3f}'
-      f'  {real / med(tot):7.0f}  {med(flops):6.1%}'
+      f'  {real / med(tot):7.0f}  {med(f / r["peak"] for f, r in zip(rate, rs)):6.1%}'
+      f'    {ceiling / med(r["peak"] for r in rs):5.1%}  {med(rate) / ceiling:6.1%}'
     )
   pairs = [
-    a['total'] / b['total']
-    for a, b in zip(results['padded'], results['packed'])
+    a['total'] / b['total'] for a, b in zip(results[first], results[second])
   ]
   print(
-    f'\npacked / padded train tokens/s: median {med(pairs):.2f}x '
+    f'\n{second} / {first} train tokens/s: median {med(pairs):.2f}x '
     f'[{min(pairs):.2f}-{max(pairs):.2f}] (paired per repetition); '
-    f'peak {med(r["peak"] for r in results["padded"]) / 1e9:.1f} GFLOP/s'
+    f'peak {med(r["peak"] for r in results[first]) / 1e9:.1f} GFLOP/s'
+  )
+  if first != 'padded':
+    return
+  # What packing can give at all when a step's cost follows its positions:
+  # the packed rows it used, and no padding whatsoever (sequences split
+  # across rows, which attention cannot do).
+  padded, packed = sides[first].computed, sides[second].computed
+  print(
+    f'packing bound: {padded / packed:.2f}x in positions '
+    f'({padded} -> {packed}), {padded / real:.2f}x with no padding at all'
   )
 
 
