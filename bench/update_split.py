@@ -2,6 +2,7 @@
 
   python bench/update_split.py --reps=3            # full-length batch
   python bench/update_split.py --reps=3 --realistic
+  python bench/update_split.py --realistic --like=DIR   # a real model's shape
 
 The batch, model and config of `bench/compare_tunix.py --part=train`
 (bench/update.py's `Side`: 64 rows x (32 + 128) tokens, the 4.2M-param
@@ -38,7 +39,7 @@ import jax.numpy as jnp
 import update  # bench/update.py: the bench batch and one side's state
 from flax import nnx
 
-from jaxcorr.model import logprobs_from_hidden
+from jaxcorr.model import TransformerConfig, logprobs_from_hidden
 from jaxcorr.model.layers import matmul_precision
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train import step as step_lib
@@ -91,11 +92,36 @@ def main() -> None:
   ap.add_argument('--reps', type=int, default=3)
   ap.add_argument('--realistic', action='store_true')
   ap.add_argument('--preset', default='bypass_ppo_clip')
+  ap.add_argument(
+    '--like',
+    default='',
+    help='HF model directory: its shape (config.json), random weights',
+  )
+  ap.add_argument(
+    '--micro-batches',
+    type=int,
+    default=1,
+    help='the parts other than update and prepare time micro-batch 0',
+  )
+  ap.add_argument(
+    '--skip',
+    default='',
+    help='comma-separated parts not to run (e.g. "remat=never,full logits": '
+    'at SmolLM2 size their [B, T, V] logits take several GiB)',
+  )
   args = ap.parse_args()
   ns = update.parser().parse_args(
-    [f'--preset={args.preset}', '--micro-batches=1']
+    [
+      f'--preset={args.preset}',
+      f'--micro-batches={args.micro_batches}',
+      f'--like={args.like}',
+    ]
   )
-  side = update.Side(ns, True, update.synthetic_batch(not args.realistic))
+  vocab = {}
+  if args.like:
+    vocab['vocab'] = TransformerConfig.from_hf_config(args.like).vocab_size
+  batch = update.synthetic_batch(not args.realistic, **vocab)
+  side = update.Side(ns, True, batch)
   side.step()
   steps, run, cfg = side.steps, side.run, side.cfg
   with jax.set_mesh(side.mesh):
@@ -147,24 +173,32 @@ def main() -> None:
       return side.state, met
 
     chunk = run.model.logprob_chunk
-    parts = {
-      'update': _timer(update_fn),
-      'prepare': _timer(steps.prepare, params, None, kl, None, dev, packed),
-      'loss fwd+bwd': _timer(
-        jax.jit(jax.value_and_grad(loss, has_aux=True)), params
+    # (function, arguments) per part; each is compiled when it is kept.
+    calls = {
+      'update': (update_fn,),
+      'prepare': (steps.prepare, params, None, kl, None, dev, packed),
+      'loss fwd+bwd': (
+        jax.jit(jax.value_and_grad(loss, has_aux=True)),
+        params,
       ),
-      'trunk fwd+bwd': _timer(jax.jit(trunk_bwd), params),
+      'trunk fwd+bwd': (jax.jit(trunk_bwd), params),
     }
     for ent in (True, False):
       for remat in ('always', 'never'):
-        name = f'head entropy={ent:d} remat={remat}'
-        parts[name] = _timer(
-          _head_fn(cfg, chunk, ent, remat), h_in, head, targets, temp, w
+        calls[f'head entropy={ent:d} remat={remat}'] = (
+          _head_fn(cfg, chunk, ent, remat),
+          h_in,
+          head,
+          targets,
+          temp,
+          w,
         )
-    parts['head full logits'] = _timer(
-      jax.jit(_full_logits), h_in, head, targets, w
-    )
-    parts['optimizer'] = _timer(opt, grads, opt_state, params)
+    calls['head full logits'] = (jax.jit(_full_logits), h_in, head, targets, w)
+    calls['optimizer'] = (opt, grads, opt_state, params)
+    skip = [x for x in args.skip.split(',') if x]
+    parts = {
+      k: _timer(*c) for k, c in calls.items() if not any(x in k for x in skip)
+    }
     times = {k: [] for k in parts}
     for _ in range(args.reps):
       for k, f in parts.items():
