@@ -18,6 +18,7 @@ Usage: python bench/losses.py [--batch 256] [--tokens 2048] [--repeats 15]
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import time
 
@@ -99,6 +100,38 @@ def jax_pipelines():
   decoupled_core = jax.jit(lambda *a: decoupled(*a)[:2])
   bypass_core = jax.jit(lambda *a: bypass(*a)[:2])
   return decoupled, bypass, floor, decoupled_core, bypass_core
+
+
+def batch_passes(fn, args, shape: tuple[int, int]) -> int:
+  """The `[B, T]` arrays `fn`'s compiled program writes: the fusions of its
+  entry computation whose result has the batch's shape.
+
+  On XLA:CPU a reduction runs in a library kernel that cannot fuse its
+  elementwise producer, so every distinct masked quantity reduced over the
+  batch is written out as one such array first (docs/benchmarks.md, "The
+  loss core: one written [B, T] array per diagnostic").
+  """
+  text = jax.jit(fn).lower(*args).compile().as_text()
+  entry = text[text.index('ENTRY') :]
+  dims = ','.join(map(str, shape))
+  return len(re.findall(rf'= \w+\[{dims}\]\S* fusion\(', entry))
+
+
+def row_sums(k: int):
+  """`k` masked row sums of `k` distinct transcendentals of the inputs: the
+  shape of the diagnostics' work, each sum one `[B, T]` pass. The time of
+  `row_sums(9)` less `row_sums(1)`, over 8, is what one more pass costs
+  inside a program."""
+
+  @jax.jit
+  def fn(logp, old, rollout, adv, mask):
+    del logp, adv
+    return [
+      jnp.sum(jnp.where(mask, jnp.exp(old - (1 + j / 64) * rollout), 0), -1)
+      for j in range(k)
+    ]
+
+  return fn
 
 
 # ----------------------------------------------------------------- numpy
@@ -269,6 +302,8 @@ def main() -> None:
     'decoupled (jax)': (decoupled, dev, True),
     'bypass (jax)': (bypass, dev, True),
     'memory floor (jax)': (floor, dev, True),
+    '1 masked row sum': (row_sums(1), dev, True),
+    '9 masked row sums': (row_sums(9), dev, True),
     'decoupled, no metrics': (decoupled_core, dev, True),
     'bypass, no metrics': (bypass_core, dev, True),
     'decoupled (numpy)': (np_decoupled, nps, False),
@@ -292,6 +327,10 @@ def main() -> None:
   for k, v in ms.items():
     print(f'  {k:22s} {v:9.2f} ms  {tokens / v * 1e3 / 1e6:8.1f} Mtok/s')
   floor_ms = ms['memory floor (jax)']
+  pass_ms = (ms['9 masked row sums'] - ms['1 masked row sum']) / 8
+  fns = dict(
+    decoupled=(decoupled, decoupled_core), bypass=(bypass, bypass_core)
+  )
   for mode in ('decoupled', 'bypass'):
     j, n = ms[f'{mode} (jax)'], ms[f'{mode} (numpy)']
     core = ms[f'{mode}, no metrics']
@@ -299,6 +338,14 @@ def main() -> None:
       f'  {mode:9s}: {j / floor_ms:5.2f}x the memory floor, '
       f'{n / j:6.1f}x faster than NumPy; without metrics '
       f'{core / floor_ms:5.2f}x the floor'
+    )
+    with_m, without = (batch_passes(f, dev, (b, t)) for f in fns[mode])
+    print(
+      f'  {mode:9s}: writes {with_m} [B, T] arrays with metrics, {without} '
+      f'without; one more masked row sum costs {pass_ms / floor_ms:.2f}x '
+      f'the floor, so the {with_m - without} the metrics add cost '
+      f'~{(with_m - without) * pass_ms / floor_ms:.1f}x (measured: '
+      f'{(j - core) / floor_ms:.1f}x)'
     )
     # train.metrics_every=N: one step in N computes the diagnostics
     # (jaxcorr/train/tracker/diagnostics.py); the mean cost per step.
