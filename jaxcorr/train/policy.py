@@ -82,7 +82,12 @@ class ModelConfig:
     'float32', one_of(*DTYPES), 'Stored parameter dtype of the policy.'
   )
   remat: str = setting(
-    'none', one_of('none', 'full', 'dots'), 'Activation checkpointing.'
+    'none',
+    one_of('none', 'full', 'dots'),
+    "Activation checkpointing. With scan_layers, 'dots' is usually the "
+    'fastest too: a scan writes each saved residual into an [L, ...] '
+    'buffer, and recomputing the elementwise work costs less '
+    '(docs/models.md).',
   )
   scan_layers: bool = setting(
     False, boolean, 'Scan over layers (one layer compiled once; long models).'
