@@ -406,8 +406,13 @@ def test_remat_and_scan_give_same_values_and_gradients():
   tokens = random_tokens(2, 16)
   ref_loss, ref_grads = _loss_and_grads(base, tokens)
   ref = stack_layers(ref_grads)
-  # Both remat code paths (per-layer split/merge, scan body) and policies.
-  for changes in (dict(remat='dots'), dict(scan_layers=True, remat='full')):
+  # Both remat code paths (per-layer split/merge, scan body) and policies;
+  # scan + 'dots' is what configs/smollm2_arith.py runs.
+  for changes in (
+    dict(remat='dots'),
+    dict(scan_layers=True, remat='full'),
+    dict(scan_layers=True, remat='dots'),
+  ):
     model = with_config(base, **changes)
     loss, grads = _loss_and_grads(model, tokens)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
