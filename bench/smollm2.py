@@ -33,9 +33,16 @@ from jaxcorr.train.rollouts.source import make_rollouts
 
 
 def step_split(
-  preset: str, steps: int, prompts: int, samples: int, new_tokens: int
+  preset: str,
+  steps: int,
+  prompts: int,
+  samples: int,
+  new_tokens: int,
+  remat: str = '',
 ) -> None:
   config = smollm2_arith.get_config(preset)
+  if remat:
+    config.model.remat = remat
   config.rollout.prompts_per_step = prompts
   config.rollout.samples_per_prompt = samples
   if new_tokens:
@@ -158,6 +165,7 @@ def main() -> None:
   ap.add_argument(
     '--new_tokens', type=int, default=0, help='0: the config (16)'
   )
+  ap.add_argument('--remat', default='', help="model.remat; '': the config's")
   ap.add_argument('--mem_batch', type=int, default=8)
   ap.add_argument('--mem_seq', type=int, default=512)
   ap.add_argument(
@@ -172,7 +180,12 @@ def main() -> None:
     memory(args.mem_batch, args.mem_seq)
   if 'step' in parts:
     step_split(
-      args.preset, args.steps, args.prompts, args.samples, args.new_tokens
+      args.preset,
+      args.steps,
+      args.prompts,
+      args.samples,
+      args.new_tokens,
+      args.remat,
     )
 
 
