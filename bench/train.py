@@ -35,6 +35,18 @@ from jaxcorr.train.rollouts.source import SyncRollouts
 from jaxcorr.train.tracker.reduction import values
 
 
+def best_time(f, *args, reps: int = 3) -> float:
+  """Best wall time of `jax.jit(f)(*args)` over `reps` warm calls (s)."""
+  f = jax.jit(f)
+  jax.block_until_ready(f(*args))
+  best = float('inf')
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    best = min(best, time.perf_counter() - t0)
+  return best
+
+
 def matmul_peak(n: int | None = None, reps: int = 3) -> float:
   """Best FLOP/s of an n³ float32 matmul (the machine's dense peak now).
 
@@ -44,14 +56,7 @@ def matmul_peak(n: int | None = None, reps: int = 3) -> float:
   if n is None:
     n = 1024 if jax.default_backend() == 'cpu' else 8192
   a = jnp.ones((n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  f(a).block_until_ready()
-  best = float('inf')
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    f(a).block_until_ready()
-    best = min(best, time.perf_counter() - t0)
-  return 2 * n**3 / best
+  return 2 * n**3 / best_time(lambda x: x @ x, a, reps=reps)
 
 
 def flops_per_token(cfg, seq: int) -> float:

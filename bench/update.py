@@ -32,11 +32,12 @@ import jax.numpy as jnp
 import numpy as np
 import rollout as bench  # bench/rollout.py: the model and workload shapes
 from flax import nnx
-from train import flops_per_token, matmul_peak  # bench/train.py
+from train import best_time, flops_per_token, matmul_peak  # bench/train.py
 
 from configs import arith_tiny
 from jaxcorr.losses import rewards
 from jaxcorr.model import Transformer, TransformerConfig
+from jaxcorr.model.logprobs import chunk_length
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train import build
 from jaxcorr.train.batch import TrainBatch
@@ -70,6 +71,13 @@ def run_config(args, packing: bool, remat: str | None = None):
   if remat:
     c.model.remat = remat
   return build.build(c)
+
+
+def vocab_size(like: str) -> int:
+  """The vocabulary of `--like`'s model, else of the bench model."""
+  if like:
+    return TransformerConfig.from_hf_config(like).vocab_size
+  return bench.MODEL['vocab_size']
 
 
 def synthetic_batch(
@@ -166,17 +174,6 @@ class Side:
     return dict(host=t1 - t0, prepare=t2 - t1, update=t3 - t2, total=t3 - t0)
 
 
-def _best_time(f, *args, reps: int = 3) -> float:
-  f = jax.jit(f)
-  jax.block_until_ready(f(*args))
-  best = float('inf')
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    best = min(best, time.perf_counter() - t0)
-  return best
-
-
 def gemm_ceiling(cfg, positions: int, head_positions: int) -> float:
   """The FLOP rate the update's matmuls reach on their own: every dense
   product of a layer (q, k, v, o, gate, up, down) and the log-prob head,
@@ -207,9 +204,9 @@ def gemm_ceiling(cfg, positions: int, head_positions: int) -> float:
       for s in ((m, k), (k, n), (m, n))
     )
     t = (
-      _best_time(lambda x, w: x @ w, x, w)
-      + _best_time(lambda dy, w: dy @ w.T, dy, w)
-      + _best_time(lambda xt, dy: xt @ dy, x.T, dy)
+      best_time(lambda x, w: x @ w, x, w)
+      + best_time(lambda dy, w: dy @ w.T, dy, w)
+      + best_time(lambda xt, dy: xt @ dy, x.T, dy)
     )
     # Per token: 3 products of 2·k·n FLOPs, timed over m tokens.
     flops += count * 3 * 2 * k * n
@@ -244,16 +241,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main() -> None:
   args = parser().parse_args()
-  vocab = (
-    TransformerConfig.from_hf_config(args.like).vocab_size
-    if args.like
-    else bench.MODEL['vocab_size']
-  )
   host = synthetic_batch(
     args.full_length,
     prompts=args.prompts,
     new_tokens=args.new_tokens,
-    vocab=vocab,
+    vocab=vocab_size(args.like),
   )
   real = int(host.segment_ids.sum())
   if ',' in args.remat:  # two remat policies, both on packed rows
@@ -288,10 +280,8 @@ def main() -> None:
   print('\nside           computed  step s [min-max]          prepare  update  host'
         '   tok/s   FLOP/peak  ceiling  FLOP/ceiling')  # fmt: skip
   med = statistics.median
-  # The head runs on chunks of ≤ 128 response positions per row, of equal
-  # length (jaxcorr/model/logprobs.py).
-  chunks = -(-args.new_tokens // 128)
-  chunk = -(-args.new_tokens // chunks)
+  # The head's M: rows x one chunk of the response positions.
+  chunk = chunk_length(args.new_tokens, sides[first].run.model.logprob_chunk)
   micro = args.mini_batches * args.micro_batches
   for name, s in sides.items():
     rs = results[name]

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import update  # bench/update.py: the bench batch and one side's state
 from flax import nnx
 
-from jaxcorr.model import TransformerConfig, logprobs_from_hidden
+from jaxcorr.model import logprobs_from_hidden
 from jaxcorr.model.layers import matmul_precision
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train import step as step_lib
@@ -117,10 +117,9 @@ def main() -> None:
       f'--like={args.like}',
     ]
   )
-  vocab = {}
-  if args.like:
-    vocab['vocab'] = TransformerConfig.from_hf_config(args.like).vocab_size
-  batch = update.synthetic_batch(not args.realistic, **vocab)
+  batch = update.synthetic_batch(
+    not args.realistic, vocab=update.vocab_size(args.like)
+  )
   side = update.Side(ns, True, batch)
   side.step()
   steps, run, cfg = side.steps, side.run, side.cfg

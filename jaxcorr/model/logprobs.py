@@ -110,7 +110,7 @@ def _chunk_stats(
   return logp, entropy, log_mass
 
 
-def _chunk_length(t: int, chunk_size: int) -> int:
+def chunk_length(t: int, chunk_size: int) -> int:
   """As few chunks as `chunk_size` allows, of equal length: T = 159 with
   chunk_size 128 runs 2 chunks of 80, not 2 of 128 (97 padded positions
   would each cost a [V, D] projection)."""
@@ -182,7 +182,7 @@ def logprobs_from_hidden(
   dtype = dtype or hidden.dtype
   temp = _temperature(temperature, b, t)
   per_position = temp.ndim == 2
-  c = _chunk_length(t, chunk_size)
+  c = chunk_length(t, chunk_size)
   xs = (hidden, targets.astype(jnp.int32))
   if replay:
     xs += (kept_ids.astype(jnp.int32), kept_count.astype(jnp.int32))
