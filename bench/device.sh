@@ -32,7 +32,7 @@
 set -u
 out=${1:?usage: bash bench/device.sh OUT_DIR [PART ...]}
 shift
-parts=${*:-update agents smollm2_update smollm2_step update_full train_split}
+parts=${*:-update agents smollm2_update smollm2_step update_full train_split losses losses_big smollm2_remat}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:.devcarry/site:.:bench
 export JAXCORR_CACHE=/tmp/jaxcorr-cache TF_CPP_MIN_LOG_LEVEL=3
@@ -59,14 +59,26 @@ for p in $parts; do
   update) part update 90 python3 bench/update.py --reps=3 ;;
   agents) part agents 110 python3 bench/agents.py --repeats=3 ;;
   # SmolLM2's shape (random weights), 64 rows of 32 + up to 512 tokens.
-  smollm2_update) part smollm2_update 130 python3 bench/update.py --reps=3 \
+  smollm2_update) part smollm2_update 170 python3 bench/update.py --reps=3 \
     --like=$smol --new-tokens=512 ;;
   # The whole RL step on SmolLM2's shape: 16 prompts x 8, 256 new tokens.
   smollm2_step) part smollm2_step 140 python3 bench/smollm2.py --parts=step \
     --steps=3 --prompts=16 --samples=8 --new_tokens=256 ;;
+  smollm2_step_padded) part smollm2_step_padded 140 python3 \
+    bench/smollm2.py --parts=step --steps=3 --prompts=16 --samples=8 \
+    --new_tokens=256 --packing=off ;;
   update_full) part update_full 60 python3 bench/update.py --reps=3 \
     --full-length ;;
   train_split) part train_split 50 python3 bench/train.py --steps=3 ;;
+  # The loss core against its memory floor, with and without diagnostics.
+  losses) part losses 70 python3 bench/losses.py ;;
+  # The same at 4096 x 16384 (1.3 GB of inputs): the default size is
+  # launch-bound on a GPU (its floor reads 10 MB).
+  losses_big) part losses_big 90 python3 bench/losses.py --batch=4096 \
+    --tokens=16384 --no-numpy ;;
+  # SmolLM2's shape, packed rows, remat 'none' against 'dots'.
+  smollm2_remat) part smollm2_remat 150 python3 bench/update.py --reps=3 \
+    --like=$smol --new-tokens=512 --remat=none,dots ;;
   *) echo "unknown part $p" ;;
   esac
 done

@@ -39,10 +39,13 @@ def step_split(
   samples: int,
   new_tokens: int,
   remat: str = '',
+  packing: str = '',
 ) -> None:
   config = smollm2_arith.get_config(preset)
   if remat:
     config.model.remat = remat
+  if packing:
+    config.train.packing = packing == 'on'
   config.rollout.prompts_per_step = prompts
   config.rollout.samples_per_prompt = samples
   if new_tokens:
@@ -166,6 +169,12 @@ def main() -> None:
     '--new_tokens', type=int, default=0, help='0: the config (16)'
   )
   ap.add_argument('--remat', default='', help="model.remat; '': the config's")
+  ap.add_argument(
+    '--packing',
+    default='',
+    choices=('', 'on', 'off'),
+    help="train.packing; '': the config's",
+  )
   ap.add_argument('--mem_batch', type=int, default=8)
   ap.add_argument('--mem_seq', type=int, default=512)
   ap.add_argument(
@@ -186,6 +195,7 @@ def main() -> None:
       args.samples,
       args.new_tokens,
       args.remat,
+      args.packing,
     )
 
 
