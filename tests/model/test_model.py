@@ -24,7 +24,7 @@ from jaxcorr.model import (
   token_logprobs,
 )
 from jaxcorr.model.layers import rope_frequencies
-from jaxcorr.model.logprobs import remat_chunks
+from jaxcorr.model.logprobs import lse_and_entropy, remat_chunks
 from tests.helpers.model_testing import (
   VOCAB,
   forward,
@@ -262,6 +262,30 @@ def test_chunked_logprob_gradients_equal_naive():
   assert len(flat_c) == len(flat_n) > 10
   for a, b in zip(flat_c, flat_n):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_lse_and_entropy_match_numpy_with_masked_columns_and_big_shifts():
+  """The one-exp logsumexp and entropy equal float64 NumPy's, stay exact
+  under a large common shift of the logits (z − m, not z, is summed), give
+  -inf columns no mass, and differentiate like softmax: ∂H/∂z = −p(z − Ez)."""
+  rng = np.random.default_rng(0)
+  z = rng.normal(0, 3, (4, 5, 50)).astype(np.float32)
+  z[0, :, 40:] = -np.inf  # a padded vocabulary's columns
+  z[1] += 1e3
+  lse, ent = jax.jit(lse_and_entropy)(jnp.asarray(z))
+  z64 = z.astype(np.float64)
+  m = z64.max(-1, keepdims=True)
+  want_lse = m[..., 0] + np.log(np.exp(z64 - m).sum(-1))
+  p = np.exp(z64 - want_lse[..., None])
+  want_ent = -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0), -1)
+  np.testing.assert_allclose(lse, want_lse, rtol=1e-6)
+  np.testing.assert_allclose(ent, want_ent, atol=2e-6)
+  w = rng.normal(size=(4, 5))
+  g = jax.grad(lambda z: jnp.sum(w * lse_and_entropy(z)[1]))(jnp.asarray(z))
+  mean = np.sum(np.where(p > 0, p * np.where(p > 0, z64, 0), 0), -1)
+  want_g = -w[..., None] * p * np.where(p > 0, z64 - mean[..., None], 0)
+  assert np.all(np.isfinite(g)) and np.all(np.asarray(g)[0, :, 40:] == 0)
+  np.testing.assert_allclose(g, want_g, atol=2e-5)
 
 
 def test_logprob_remat_modes_give_the_same_values_and_gradients():
