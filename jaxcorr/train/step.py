@@ -162,16 +162,23 @@ class Steps:
       norm=self.run.rollout.max_new_tokens,
     )
 
-  def _micro_step(self, state, counts, critic_counts, key, mb, carry, xs):
+  def _micro_step(
+    self, state, counts, critic_counts, key, mb, light, carry, xs
+  ):
     """One micro-batch: its gradients added to the carry, its metrics.
     `xs`: (its rows, or with packing its `PackedRows` of the mini-batch
-    `mb`; its index)."""
+    `mb`; its index); `light`: a step without heavy diagnostics."""
     g_acc, cg_acc = carry
     mic, i = xs
     micro = None
     if isinstance(mic, PackedRows):
       micro, mic = mic, packed_forward.micro_view(mb, mic.member)
-    actor_loss = functools.partial(_actor_loss, self.run, self.graphdef)
+    actor_loss = functools.partial(
+      _actor_loss,
+      self.run,
+      self.graphdef,
+      entropy=needs_entropy(self.run, light),
+    )
     actor_grad = jax.value_and_grad(actor_loss, has_aux=True)
     (loss, (met, gap_weights)), g = actor_grad(
       state.params,
@@ -197,7 +204,7 @@ class Steps:
     return (g_acc, cg_acc), typed
 
   def _minibatch_grads(
-    self, state: TrainState, mb: TrainBatch, key, micros=None
+    self, state: TrainState, mb: TrainBatch, key, micros=None, light=False
   ):
     """Summed micro-batch gradients with global normalisers (`micros`: the
     mini-batch's `PackedRows` with packing)."""
@@ -218,7 +225,7 @@ class Steps:
       zeros(state.critic_params) if run.critic.enabled else None,
     )
     body = functools.partial(
-      self._micro_step, state, counts, critic_counts, key, mb
+      self._micro_step, state, counts, critic_counts, key, mb, light
     )
     parts = scoring.split_micro(mb, n) if micros is None else micros
     (grads, cgrads), met = jax.lax.scan(body, init, (parts, jnp.arange(n)))
@@ -234,7 +241,9 @@ class Steps:
             metrics[k] = metrics[k] / denom
     return grads, cgrads, metrics
 
-  def _one_update(self, batch: TrainBatch, key, packed, frozen, state, xs):
+  def _one_update(
+    self, batch: TrainBatch, key, packed, frozen, light, state, xs
+  ):
     """One optimizer update on the mini-batch of rows `idx` (with packing:
     on mini-batch number `idx`; `frozen`: the LoRA base, read here but kept
     out of the scan's carry)."""
@@ -243,7 +252,7 @@ class Steps:
     shard = self.state_shardings
     sub, micros = packed_forward.minibatch(batch, packed, idx)
     grads, cgrads, metrics = self._minibatch_grads(
-      state, sub, jax.random.fold_in(key, 1000 + i), micros
+      state, sub, jax.random.fold_in(key, 1000 + i), micros, light
     )
     metrics['actor/grad_norm'] = optax.tree.norm(grads)
     metrics['actor/lr'] = self.schedule(state.updates)
@@ -281,7 +290,9 @@ class Steps:
     order = update_order(self.run.train, batch.rows, key, packed is not None)
     steps = jnp.arange(order.shape[0])
     frozen = state.frozen  # read by every update, not carried by the loop
-    body = functools.partial(self._one_update, batch, key, packed, frozen)
+    body = functools.partial(
+      self._one_update, batch, key, packed, frozen, light
+    )
     state, metrics = jax.lax.scan(
       body, state.replace(frozen=None), (order, steps)
     )
@@ -290,6 +301,15 @@ class Steps:
     if light:
       metrics = diagnostics.light(metrics)
     return state.replace(rng=rng, frozen=frozen), metrics
+
+
+def needs_entropy(run: RunConfig, light: bool) -> bool:
+  """Whether the update computes π_θ's entropy over the vocabulary: when
+  the loss uses it (`actor.entropy_coeff` != 0) or the step logs it (not
+  `light`). It is a diagnostic otherwise, and costs 5.9% of SmolLM2's
+  update on the CPU (docs/benchmarks.md, "GPU: one NVIDIA H200, second
+  run")."""
+  return run.losses.actor.entropy_coeff != 0 or not light
 
 
 def _actor_loss(
@@ -301,14 +321,18 @@ def _actor_loss(
   key,
   micro=None,
   frozen=None,
+  *,
+  entropy: bool = True,
 ):
   """The actor objective of one micro-batch (`jaxcorr.losses.objective`)
   with the MoE balance terms: (loss, (metrics, bypass gap-metric
-  weights))."""
+  weights)); without `entropy` no `actor/entropy` (`needs_entropy`)."""
   corr = run.losses.correction
   if frozen is not None:  # LoRA: differentiate the adapters only
     params = nnx.merge_state(frozen, params)
-  (logp, ent), routing = _update_forward(run, graphdef, params, mic, micro, key)
+  (logp, ent), routing = _update_forward(
+    run, graphdef, params, mic, micro, key, entropy
+  )
   correction, gap, gap_weights = None, {}, {}
   if run.decoupled and corr is not None:
     correction = corr_lib.Correction(mic.corr_weights, mic.corr_mask, {})
@@ -344,20 +368,30 @@ def _actor_loss(
   return loss, (metrics, gap_weights)
 
 
-def _update_forward(run, graphdef, params, mic: TrainBatch, micro, key):
-  """The update's forward of one micro-batch: ((log-probs, entropy)
-  `[rows, T]`, the MoE layers' `RouterStats` or None), with LoRA dropout
-  when `lora.dropout` is set; with packing (`micro`, dense policies only)
-  over its packed rows."""
+def _update_forward(
+  run, graphdef, params, mic: TrainBatch, micro, key, entropy: bool
+):
+  """The update's forward of one micro-batch: ((log-probs, entropy or
+  None) `[rows, T]`, the MoE layers' `RouterStats` or None), with LoRA
+  dropout when `lora.dropout` is set; with packing (`micro`, dense policies
+  only) over its packed rows."""
   dropout = jax.random.fold_in(key, 7) if run.lora.dropout else None
   if micro is not None:
     out = packed_forward.policy_logp(
-      run, graphdef, params, mic, micro, entropy=True, dropout_key=dropout
+      run, graphdef, params, mic, micro, entropy=entropy, dropout_key=dropout
     )
-    return out, None
-  return scoring.response_logp(
-    run, graphdef, params, mic, entropy=True, routing=True, dropout_key=dropout
-  )
+    stats = None
+  else:
+    out, stats = scoring.response_logp(
+      run,
+      graphdef,
+      params,
+      mic,
+      entropy=entropy,
+      routing=True,
+      dropout_key=dropout,
+    )
+  return (out if entropy else (out, None)), stats
 
 
 def update_order(t: Any, rows: int, key: jax.Array, packed: bool):

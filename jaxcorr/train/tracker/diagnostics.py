@@ -8,6 +8,11 @@ only the `KEPT` metrics; XLA then drops every computation that fed only
 the others, and the loss, the gradients and the update are those of a full
 step (tested). Steps 1, N + 1, 2N + 1, ... are full, so the first step and
 one step in N log everything.
+
+`actor/entropy` is kept on light steps only when the loss uses the entropy
+(`actor.entropy_coeff` != 0): otherwise a light update does not compute it
+at all (`jaxcorr.train.step.needs_entropy`), as verl computes it only when
+asked.
 """
 
 from __future__ import annotations

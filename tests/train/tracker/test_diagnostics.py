@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train import build
+from jaxcorr.train.step import needs_entropy
 from jaxcorr.train.tracker import diagnostics
 from tests.helpers.model_testing import fresh_train_state
 from tests.helpers.step_batches import one_device_mesh, step_arrays
@@ -46,6 +48,32 @@ def test_light_step_makes_the_same_update():
   for k, v in light.items():
     assert_close(v, full[k], TOL_GOLDEN, what=k)
   assert np.isfinite(light['actor/loss'])
+
+
+@pytest.mark.parametrize('coef', [0.0, 0.01])
+def test_light_step_computes_the_entropy_only_for_the_loss(coef):
+  """Without an entropy term the vocabulary entropy is a diagnostic: a light
+  step skips it (no `actor/entropy`), a full step logs it; with the term
+  both steps compute it, and agree."""
+  run = build.build(
+    pulse_config(
+      'bypass_ppo_clip',
+      train__shuffle_minibatches=False,
+      train__metrics_every=10,
+      actor__entropy_coeff=coef,
+    )
+  )
+  assert needs_entropy(run, light=True) == (coef != 0)
+  assert needs_entropy(run, light=False)
+  arrays = step_arrays(run, 8)
+  full_params, full = _step(run, arrays, light=False)
+  light_params, light = _step(run, arrays, light=True)
+  assert ('actor/entropy' in light) == (coef != 0)
+  assert full['actor/entropy'] > 0
+  if coef:
+    assert_close(light['actor/entropy'], full['actor/entropy'], TOL_GOLDEN)
+  for x, y in zip(jax.tree.leaves(full_params), jax.tree.leaves(light_params)):
+    assert_close(y, x, TOL_GOLDEN, what='params')
 
 
 def test_full_steps():
