@@ -40,12 +40,21 @@ def step_split(
   new_tokens: int,
   remat: str = '',
   packing: str = '',
+  overrides: str = '',
 ) -> None:
   config = smollm2_arith.get_config(preset)
   if remat:
     config.model.remat = remat
   if packing:
     config.train.packing = packing == 'on'
+  for item in filter(None, overrides.split(',')):
+    path, value = item.split('=')
+    section, field = path.split('.')
+    old = config[section][field]
+    if isinstance(old, bool):
+      config[section][field] = value.lower() in ('1', 'true', 'on')
+    else:
+      config[section][field] = type(old)(value)
   config.rollout.prompts_per_step = prompts
   config.rollout.samples_per_prompt = samples
   if new_tokens:
@@ -175,6 +184,12 @@ def main() -> None:
     choices=('', 'on', 'off'),
     help="train.packing; '': the config's",
   )
+  ap.add_argument(
+    '--set',
+    default='',
+    help='config overrides, comma-separated section.field=value '
+    '(e.g. model.logprob_remat=never)',
+  )
   ap.add_argument('--mem_batch', type=int, default=8)
   ap.add_argument('--mem_seq', type=int, default=512)
   ap.add_argument(
@@ -196,6 +211,7 @@ def main() -> None:
       args.new_tokens,
       args.remat,
       args.packing,
+      args.set,
     )
 
 
