@@ -316,6 +316,8 @@ def test_logprob_remat_modes_give_the_same_values_and_gradients():
 
 def test_remat_chunks_auto_checkpoints_only_big_logits():
   assert not remat_chunks('auto', 8, 128, 4096)  # 16 MiB of logits
+  # configs/smollm2_arith.py's micro-batch (396 MB): kept, 6-9% faster.
+  assert not remat_chunks('auto', 32, 63, 49152)
   assert remat_chunks('auto', 8, 1024, 49152)  # 1.5 GiB
   assert remat_chunks('always', 1, 1, 1) and not remat_chunks('never', 9, 9, 9)
   with pytest.raises(ValueError, match='expected one of'):
