@@ -38,16 +38,11 @@ def step_split(
   prompts: int,
   samples: int,
   new_tokens: int,
-  remat: str = '',
-  packing: str = '',
-  overrides: str = '',
+  overrides: tuple[str, ...] = (),
 ) -> None:
+  """`overrides`: `section.field=value` strings set on the config."""
   config = smollm2_arith.get_config(preset)
-  if remat:
-    config.model.remat = remat
-  if packing:
-    config.train.packing = packing == 'on'
-  for item in filter(None, overrides.split(',')):
+  for item in overrides:
     path, value = item.split('=')
     section, field = path.split('.')
     old = config[section][field]
@@ -196,6 +191,12 @@ def main() -> None:
     '--parts', default='convert,memory,step', help='comma-separated subset'
   )
   args = ap.parse_args()
+  # --remat and --packing are shorthands for their --set items.
+  overrides = [s for s in args.set.split(',') if s]
+  if args.remat:
+    overrides.append(f'model.remat={args.remat}')
+  if args.packing:
+    overrides.append(f'train.packing={args.packing}')
   parts = args.parts.split(',')
   print(f'backend: {jax.default_backend()} x{jax.device_count()}')
   if 'convert' in parts:
@@ -209,9 +210,7 @@ def main() -> None:
       args.prompts,
       args.samples,
       args.new_tokens,
-      args.remat,
-      args.packing,
-      args.set,
+      tuple(overrides),
     )
 
 
