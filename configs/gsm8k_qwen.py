@@ -54,8 +54,7 @@ def apply_task(config: ml_collections.ConfigDict) -> None:
   # GSM8K answers run from ~100 to 512 tokens and the prompts from ~60 to
   # 256: packed rows skip the padding (at SmolLM2's shape, 512 new tokens,
   # 58% real, the update is 1.26x faster packed on an H200;
-  # docs/benchmarks.md, "GPU: one NVIDIA H200, second run"). One host
-  # (v5e-8) only: packing runs on one process.
+  # docs/benchmarks.md, "GPU: one NVIDIA H200, second run").
   config.train.packing = True
   config.rollout.temperature = 1.0
   config.rollout.max_concurrent_decodes = 256

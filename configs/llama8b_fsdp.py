@@ -41,8 +41,6 @@ def apply_task(config: ml_collections.ConfigDict) -> None:
   # The engine's KV cache is replicated over its devices (docs/rollout.md):
   # 128 slots x 1280 tokens x 128 KiB/token (bf16) = 21 GB per chip.
   config.rollout.max_concurrent_decodes = 128
-  # Eight hosts: packing runs on one process (docs/training.md).
-  config.train.packing = False
   config.train.mini_batches = 8
   config.train.micro_batches = 4
   config.mesh.data = 1

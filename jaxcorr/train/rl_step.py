@@ -4,7 +4,8 @@ functions.
     Scored ─ validate (the rollout contract) ─ rollout metrics, error and
     staleness checks ─ assemble (drop or mask stale data by
     rollout.staleness_policy, pick μ, pad; numpy `TrainBatch`)
-    ─ to_device ─ Steps.prepare ─ Steps.update ─ metrics ─ a run of
+    ─ to_device ─ pack (train.packing: the whole batch, on every process)
+    ─ Steps.prepare ─ Steps.update ─ metrics ─ a run of
     batches with no token left stops the run (`staleness.EmptyBatches`)
 
 Host metrics (`rollout/`, `reward/`, `response_length/`, the reward
@@ -22,6 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 
 from jaxcorr.rollout import ValidationConfig, validate_rollout_batch
 from jaxcorr.train import batch as batch_lib
@@ -82,12 +84,7 @@ class RLStep:
     t = run.train
     local_shards = max(batch_shards // jax.process_count(), 1)
     self.row_multiple = t.mini_batches * t.micro_batches * local_shards
-    self.local_shards = local_shards
-    if t.packing and jax.process_count() > 1:
-      raise ValueError(
-        'config.train.packing=True runs on one process (every packed shape '
-        'is chosen on the host); allowed: False with several processes'
-      )
+    self.batch_shards = batch_shards
     r = run.rollout
     self.empty = staleness.EmptyBatches(
       limit=r.max_empty_batches,
@@ -157,9 +154,19 @@ class RLStep:
     offset = jax.process_index() * batch.rows
     return batch.replace(group_ids=batch.group_ids + offset)
 
-  def pack(self, batch: batch_lib.TrainBatch, step: int) -> Any:
-    """`train.packing`: the batch's `PackedRows` (rows shuffled on the host
-    from (train.seed, step) when the mini-batches are shuffled)."""
+  def pack(
+    self, batch: batch_lib.TrainBatch, device_batch: Any, step: int
+  ) -> Any:
+    """`train.packing`: the global batch's `PackedRows` (rows shuffled on
+    the host from (train.seed, step) when the mini-batches are shuffled).
+
+    A packed row of one data shard holds sequences of any process's rows,
+    so with several processes each one gathers every row (`device_batch`,
+    in its global order) and lays out the whole batch, as the others do:
+    the layout is a pure function of the rows, identical everywhere, and
+    each process then puts only its own shards on its devices."""
+    if jax.process_count() > 1:
+      batch = multihost_utils.process_allgather(device_batch, tiled=True)
     t = self.run.train
     order = None
     if t.shuffle_minibatches:
@@ -169,7 +176,7 @@ class RLStep:
       batch,
       mini_batches=t.mini_batches,
       micro_batches=t.micro_batches,
-      shards=self.local_shards,
+      shards=self.batch_shards,
       order=order,
     )
 
@@ -180,7 +187,10 @@ class RLStep:
     t_host = time.perf_counter()
     host = self.host_metrics(scored, step)
     batch = self.assemble(scored, step)
-    packed = self.pack(batch, step) if self.run.train.packing else None
+    device_batch = batch_lib.to_device(self.mesh, batch)
+    packed = None
+    if self.run.train.packing:
+      packed = self.pack(batch, device_batch, step)
     light = not diagnostics.full_step(step, self.run.train.metrics_every)
     t0 = time.perf_counter()
     with jax.set_mesh(self.mesh):
@@ -192,7 +202,7 @@ class RLStep:
         state.critic_params,
         state.kl_ctrl,
         state.policy_params(ref_params) if ref_params is not None else None,
-        batch_lib.to_device(self.mesh, batch),
+        device_batch,
         packed,
         light=light,
       )

@@ -121,11 +121,14 @@ def minibatch(batch: TrainBatch, packed: PackedRows | None, m: jax.Array):
 
 
 def to_device(mesh: Any, packed: PackedRows) -> PackedRows:
-  """Host `PackedRows` -> device arrays: the packed rows (axis 2) over the
-  batch axes of `mesh`, the index arrays replicated."""
+  """Host `PackedRows` of the whole batch (the same on every process) ->
+  global device arrays: the packed rows (axis 2) over the batch axes of
+  `mesh`, the index arrays replicated. Each process puts only the shards
+  of its own devices."""
 
   def put(x, axes):
-    return jax.device_put(x, sharding.logical_sharding(axes, mesh))
+    sh = sharding.logical_sharding(axes, mesh)
+    return jax.make_array_from_callback(x.shape, sh, lambda index: x[index])
 
   rows = (None, None, 'batch', None)
   return packed.replace(
