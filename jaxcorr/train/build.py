@@ -280,7 +280,7 @@ def check_agent(run: RunConfig) -> None:
 
 def check_packing(run: RunConfig) -> None:
   """`train.packing` with what the packed forward supports (full log-probs
-  of a dense policy, no critic; docs/training.md)."""
+  of a dense policy; docs/training.md)."""
   if not run.train.packing:
     return
   r = run.rollout
@@ -291,8 +291,6 @@ def check_packing(run: RunConfig) -> None:
       "'full' with train.packing=True (the truncated and replay log-probs "
       'read unpacked rows)',
     )
-  if run.critic.enabled:
-    fields.fail('config.train.packing', True, 'False with critic.enabled=True')
   if run.model.num_experts:
     fields.fail(
       'config.train.packing',

@@ -56,10 +56,17 @@ class ValueModel(nnx.Module):
     self.head = param(None, (config.hidden_size,), ('embed',), config, 'zeros')
 
   def __call__(
-    self, tokens: jax.Array, *, segment_ids: jax.Array | None = None
+    self,
+    tokens: jax.Array,
+    *,
+    positions: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
   ) -> jax.Array:
-    """Values `[B, S]` float32 of every position."""
-    hidden, _ = self.backbone.hidden_states(tokens, segment_ids=segment_ids)
+    """Values `[B, S]` float32 of every position (`positions` as in
+    `Transformer.hidden_states`: packed rows pass their sequences' own)."""
+    hidden, _ = self.backbone.hidden_states(
+      tokens, positions=positions, segment_ids=segment_ids
+    )
     return jnp.einsum(
       'bsd,d->bs',
       hidden.astype(jnp.float32),

@@ -71,6 +71,14 @@ def prepare(
   def values(p, rows):
     return scoring.critic_values(critic_graphdef, p, rows)
 
+  def packed_values(p, micro):
+    return packed_forward.response_values(critic_graphdef, p, micro)
+
+  def critic_values(p):
+    if packed is None:
+      return sg(scoring.in_chunks(values, p, batch, chunks))
+    return sg(packed_forward.in_micro_batches(packed_values, p, packed, b))
+
   def routed_logp(p, rows):
     out, stats = scoring.response_logp(run, graphdef, p, rows, routing=True)
     return out, stats.experts
@@ -89,9 +97,7 @@ def prepare(
   if run.needs_ref:
     batch = batch.replace(ref_logp=policy_logp(ref_params))
   if run.critic.enabled:
-    batch = batch.replace(
-      values=sg(scoring.in_chunks(values, critic_params, batch, chunks))
-    )
+    batch = batch.replace(values=critic_values(critic_params))
   scores = rewards.place_at_last_token(batch.seq_reward, mask)
   if alg.kl_in_reward is not None:
     scores, kl_ctrl, kl_metrics = _kl_in_reward(run, batch, scores, kl_ctrl)

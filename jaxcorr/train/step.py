@@ -148,8 +148,10 @@ class Steps:
 
   # ------------------------------------------------------------- update
 
-  def _critic_loss(self, critic_params, mic: TrainBatch, counts):
-    v = scoring.critic_values(self.critic_graphdef, critic_params, mic)
+  def _critic_loss(self, critic_params, mic: TrainBatch, counts, micro=None):
+    v = packed_forward.critic_values(
+      self.critic_graphdef, critic_params, mic, micro
+    )
     return value.value_loss(
       v,
       mic.values,
@@ -192,7 +194,9 @@ class Steps:
     g_acc = jax.tree.map(jnp.add, g_acc, g)
     if self.run.critic.enabled:
       critic_grad = jax.value_and_grad(self._critic_loss, has_aux=True)
-      (_, cmet), cg = critic_grad(state.critic_params, mic, critic_counts)
+      (_, cmet), cg = critic_grad(
+        state.critic_params, mic, critic_counts, micro
+      )
       cg_acc = jax.tree.map(jnp.add, cg_acc, cg)
       met.update(cmet)
     typed = reduction.from_loss(met, summed=SUMMED)

@@ -145,23 +145,35 @@ def shard_batch(batch, mesh):
 
 def fresh_train_state(run, mesh, *, sharded: bool = False):
   """(state, steps) of a step-0 trainer for `run` on `mesh`: a random
-  policy (seed 0), no critic, a zero KL coefficient; what the step tests
-  feed `Steps.prepare` / `RLStep` directly, without `setup.make_state`
-  (`sharded`: the params initialised on `mesh`, else on one device)."""
+  policy (seed 0), with `run.critic.enabled` a random critic (seed 1, its
+  head nudged off zero so values differ per position), a zero KL
+  coefficient; what the step tests feed `Steps.prepare` / `RLStep`
+  directly, without `setup.make_state` (`sharded`: the params initialised
+  on `mesh`, else on one device)."""
   from jaxcorr.losses import rewards
+  from jaxcorr.train.critic import ValueModel
   from jaxcorr.train.policy import transformer_config
   from jaxcorr.train.state import TrainState, make_optimizer
   from jaxcorr.train.step import Steps
 
   cfg = transformer_config(run.model)
-  if sharded:  # params laid out on `mesh` by their logical axes
-    model = sharding.init_sharded(
-      lambda: Transformer(cfg, rngs=nnx.Rngs(0)), mesh
-    )
-  else:
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
+
+  def init(make):
+    if sharded:  # params laid out on `mesh` by their logical axes
+      return sharding.init_sharded(make, mesh)
+    return make()
+
+  model = init(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
   graphdef, params = nnx.split(model)
   tx, schedule = make_optimizer(run.optim, 1e-3, 10)
+  critic = {}
+  if run.critic.enabled:
+    value_model = init(lambda: ValueModel(cfg, rngs=nnx.Rngs(1)))
+    head = np.linspace(-1, 1, cfg.hidden_size, dtype=np.float32)
+    value_model.head[...] = jnp.asarray(head, value_model.head[...].dtype)
+    critic_graphdef, critic_params = nnx.split(value_model)
+    critic_tx, _ = make_optimizer(run.optim, 1e-3, 10)
+    critic = dict(critic_graphdef=critic_graphdef, critic_tx=critic_tx)
   with jax.set_mesh(mesh):
     state = TrainState(
       params=params,
@@ -170,4 +182,9 @@ def fresh_train_state(run, mesh, *, sharded: bool = False):
       rng=jax.random.PRNGKey(0),
       updates=jnp.zeros((), jnp.int32),
     )
-  return state, Steps(run, graphdef, tx, schedule)
+    if critic:
+      state = state.replace(
+        critic_params=critic_params,
+        critic_opt_state=jax.jit(critic_tx.init)(critic_params),
+      )
+  return state, Steps(run, graphdef, tx, schedule, **critic)

@@ -117,6 +117,16 @@ INVALID = [
   ({'mesh__fsdp': 0}, r'config\.mesh\.fsdp'),
   ({'mesh__data': -1}, r'at most one axis'),
   ({'correction__is_level': 'word'}, r'is_level'),
+  # What the packed forward does not read (docs/training.md, "Speed").
+  (
+    {'train__packing': True, 'rollout__logprob_mode': 'truncated'},
+    r"config\.rollout\.logprob_mode: invalid value 'truncated'.*"
+    r"'full' with train\.packing=True",
+  ),
+  (
+    {'train__packing': True, 'model__num_experts': 4},
+    r'config\.train\.packing: invalid value True.*MoE',
+  ),
   # Fields only mode='stream' reads: another value with another mode.
   (
     {'rollout__kv_on_update': 'recompute'},

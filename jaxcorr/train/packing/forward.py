@@ -1,10 +1,10 @@
 """Device side of packing: forward passes over `PackedRows`, read back in
 the `[rows, T]` response layout of a mini-batch.
 
-The policy runs on a micro-batch's R packed rows (segment ids keep
-attention inside each sequence, positions are the sequences' own); its
-per-position log-probs (and entropies) are gathered back to the mini-batch's
-`[mb, T]` rows by `PackedRows.gather`. A micro-batch's view of the
+The policy (or the critic) runs on a micro-batch's R packed rows (segment
+ids keep attention inside each sequence, positions are the sequences'
+own); its per-position log-probs and entropies (or values) are gathered
+back to the mini-batch's `[mb, T]` rows by `PackedRows.gather`. A micro-batch's view of the
 mini-batch (`micro_view`) is the mini-batch with the response mask of the
 rows of other micro-batches off: the losses see every row of the
 mini-batch, those of other micro-batches empty (empty rows change no loss,
@@ -101,6 +101,27 @@ def policy_logp(
   return response_logp(
     run, graphdef, params, micro, entropy=entropy, dropout_key=dropout_key
   )
+
+
+def response_values(graphdef: Any, params: Any, micro: PackedRows) -> Any:
+  """The critic's V(state before response token t) `[mb, T]` of one
+  micro-batch's packed rows (`micro` as in `response_logp`): the value at
+  the position whose output predicts token t, the one `gather` reads."""
+  critic = nnx.merge(graphdef, params)
+  v = critic(
+    micro.tokens, positions=micro.positions, segment_ids=micro.segment_ids
+  )
+  return _gather(v, micro.gather)
+
+
+def critic_values(
+  graphdef: Any, params: Any, mic: TrainBatch, micro: PackedRows | None
+) -> jax.Array:
+  """The critic's values `[rows, T]` of the micro-batch `mic`: over its own
+  rows, or with packing (`micro`) over its packed rows."""
+  if micro is None:
+    return scoring.critic_values(graphdef, params, mic)
+  return response_values(graphdef, params, micro)
 
 
 def micro_view(mb: TrainBatch, member: jax.Array) -> TrainBatch:

@@ -31,7 +31,8 @@ from tests.helpers.wide_rows import widen
 
 
 def _run(preset, **train):
-  overrides = {f'train__{k}': v for k, v in train.items()}
+  """The pulse run of `preset`; `train` fields, or `section__field` keys."""
+  overrides = {k if '__' in k else f'train__{k}': v for k, v in train.items()}
   return build.build(
     pulse_config(
       preset,
@@ -43,24 +44,28 @@ def _run(preset, **train):
 
 
 def _step(run, arrays, packed=None, mesh=None):
+  """(params before, params after, metrics) of one prepare + update; with
+  a critic, `params` is (policy, critic)."""
   mesh = mesh or one_device_mesh()
   state, steps = fresh_train_state(run, mesh, sharded=True)
   # A copy: the update donates the state (a CPU buffer's numpy view would
   # see the new values).
-  before = jax.tree.map(np.array, jax.device_get(state.params))
+  trained = lambda s: (s.params, s.critic_params)  # noqa: E731
+  before = jax.tree.map(np.array, jax.device_get(trained(state)))
   with jax.set_mesh(mesh):
     dev = batch_lib.to_device(mesh, arrays)
     pk = None if packed is None else forward.to_device(mesh, packed)
     _, prepared, prep = steps.prepare(
-      state.params, None, state.kl_ctrl, None, dev, pk
+      state.params, state.critic_params, state.kl_ctrl, None, dev, pk
     )
     state, upd = steps.update(state, prepared, pk)
-  return before, jax.device_get(state.params), jax.device_get({**prep, **upd})
+  after = jax.device_get(trained(state))
+  return before, after, jax.device_get({**prep, **upd})
 
 
-def _compare(preset, *, micro, skip=lambda k: False, moves=True):
+def _compare(preset, *, micro, skip=lambda k: False, moves=True, **config):
   t = dict(mini_batches=2, micro_batches=micro)
-  run = _run(preset, **t)
+  run = _run(preset, **t, **config)
   arrays = widen(step_arrays(run, 8), 11)
   packed = layout.pack(arrays, mini_batches=2, micro_batches=micro)
   assert packed.segment_ids.max() >= 2  # rows hold several sequences
@@ -81,12 +86,29 @@ def _compare(preset, *, micro, skip=lambda k: False, moves=True):
   for k in ma:
     if not skip(k):
       assert_close(mb[k], ma[k], TOL_GOLDEN, what=k)
+  return ma
 
 
 def test_packed_step_equals_unpacked():
   """Decoupled, sequence-level IS, one micro-batch per mini-batch: params
   and every metric."""
   _compare('decoupled_seq_is', micro=1)
+
+
+def test_packed_step_with_a_critic_equals_unpacked():
+  """PPO with GAE: the critic's values in prepare and its value loss in
+  the update read the packed rows too (policy and critic params, every
+  metric, `critic/` ones included)."""
+  metrics = _compare(
+    'decoupled_seq_is',
+    micro=1,
+    critic__enabled=True,
+    algorithm__estimator='gae',
+    algorithm__gamma=1.0,
+    algorithm__lam=0.95,
+  )
+  assert metrics['critic/values_mean'] != 0  # the values reach the loss
+  assert metrics['critic/grad_norm'] > 0
 
 
 def _per_call(k):
