@@ -37,6 +37,30 @@ from jaxcorr.train.rollouts.weights import matched_params
 from jaxcorr.train.run_config import RunConfig
 
 
+def _critic_values(
+  graphdef: Any,
+  params: Any,
+  batch: TrainBatch,
+  packed: PackedRows | None,
+  chunks: int,
+) -> jax.Array:
+  """The critic's values `[B, T]`, in `chunks` micro-batch-sized chunks of
+  rows or, with `packed`, over the packed rows (the update's memory)."""
+  if packed is None:
+
+    def rows_values(p, rows):
+      return scoring.critic_values(graphdef, p, rows)
+
+    return scoring.in_chunks(rows_values, params, batch, chunks)
+
+  def packed_values(p, micro):
+    return packed_forward.response_values(graphdef, p, micro)
+
+  return packed_forward.in_micro_batches(
+    packed_values, params, packed, batch.rows
+  )
+
+
 def prepare(
   run: RunConfig,
   graphdef: Any,
@@ -68,17 +92,6 @@ def prepare(
       return sg(scoring.in_chunks(logp, p, batch, chunks))
     return sg(packed_forward.in_micro_batches(packed_logp, p, packed, b))
 
-  def values(p, rows):
-    return scoring.critic_values(critic_graphdef, p, rows)
-
-  def packed_values(p, micro):
-    return packed_forward.response_values(critic_graphdef, p, micro)
-
-  def critic_values(p):
-    if packed is None:
-      return sg(scoring.in_chunks(values, p, batch, chunks))
-    return sg(packed_forward.in_micro_batches(packed_values, p, packed, b))
-
   def routed_logp(p, rows):
     out, stats = scoring.response_logp(run, graphdef, p, rows, routing=True)
     return out, stats.experts
@@ -97,7 +110,10 @@ def prepare(
   if run.needs_ref:
     batch = batch.replace(ref_logp=policy_logp(ref_params))
   if run.critic.enabled:
-    batch = batch.replace(values=critic_values(critic_params))
+    values = _critic_values(
+      critic_graphdef, critic_params, batch, packed, chunks
+    )
+    batch = batch.replace(values=sg(values))
   scores = rewards.place_at_last_token(batch.seq_reward, mask)
   if alg.kl_in_reward is not None:
     scores, kl_ctrl, kl_metrics = _kl_in_reward(run, batch, scores, kl_ctrl)
