@@ -4,11 +4,11 @@ the `[rows, T]` response layout of a mini-batch.
 The policy (or the critic) runs on a micro-batch's R packed rows (segment
 ids keep attention inside each sequence, positions are the sequences'
 own); its per-position log-probs and entropies (or values) are gathered
-back to the mini-batch's `[mb, T]` rows by `PackedRows.gather`. A micro-batch's view of the
-mini-batch (`micro_view`) is the mini-batch with the response mask of the
-rows of other micro-batches off: the losses see every row of the
-mini-batch, those of other micro-batches empty (empty rows change no loss,
-gradient or metric: jaxcorr/train/batch.py).
+back to the mini-batch's `[mb, T]` rows by `PackedRows.gather`. A
+micro-batch's view of the mini-batch (`micro_view`) is the mini-batch with
+the response mask of the rows of other micro-batches off: the losses see
+every row of the mini-batch, those of other micro-batches empty (empty
+rows change no loss, gradient or metric: jaxcorr/train/batch.py).
 """
 
 from __future__ import annotations
