@@ -20,6 +20,7 @@ Forward passes run in micro-batch-sized chunks (`scoring.in_chunks`).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -47,18 +48,10 @@ def _critic_values(
   """The critic's values `[B, T]`, in `chunks` micro-batch-sized chunks of
   rows or, with `packed`, over the packed rows (the update's memory)."""
   if packed is None:
-
-    def rows_values(p, rows):
-      return scoring.critic_values(graphdef, p, rows)
-
-    return scoring.in_chunks(rows_values, params, batch, chunks)
-
-  def packed_values(p, micro):
-    return packed_forward.response_values(graphdef, p, micro)
-
-  return packed_forward.in_micro_batches(
-    packed_values, params, packed, batch.rows
-  )
+    values = functools.partial(scoring.critic_values, graphdef)
+    return scoring.in_chunks(values, params, batch, chunks)
+  values = functools.partial(packed_forward.response_values, graphdef)
+  return packed_forward.in_micro_batches(values, params, packed, batch.rows)
 
 
 def prepare(

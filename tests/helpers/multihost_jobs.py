@@ -57,6 +57,16 @@ def read_metrics(workdir: pathlib.Path) -> list[dict]:
   ]
 
 
+def load_arrays(*paths: pathlib.Path) -> dict[str, np.ndarray]:
+  """The arrays of the drivers' .npz files at `paths`, in one dict (their
+  keys start with distinct workdir names)."""
+  arrays = {}
+  for path in paths:
+    with np.load(path) as f:
+      arrays.update({k: f[k] for k in f.files})
+  return arrays
+
+
 def params(arrays: dict, prefix: str) -> dict[str, np.ndarray]:
   """`{path: array}` of one params tree of the drivers' .npz files."""
   n = len(prefix) + 1

@@ -66,8 +66,7 @@ def _run_jobs(root: pathlib.Path) -> dict[str, np.ndarray]:
       f'--compile_cache={root}/compile_cache',
     ],
   )
-  with np.load(root / 'two.npz') as a, np.load(root / 'one.npz') as b:
-    return {**{k: a[k] for k in a.files}, **{k: b[k] for k in b.files}}
+  return jobs.load_arrays(root / 'two.npz', root / 'one.npz')
 
 
 def test_two_processes_train_like_one_and_checkpoint_for_one(tmp_path):

@@ -12,8 +12,6 @@ tests/train/test_multihost.py, which says why they are what they are.
 
 from __future__ import annotations
 
-import numpy as np
-
 from tests.helpers import multihost_jobs as jobs
 
 PACKED = ['--set=train.packing=True', '--set=train.shuffle_minibatches=True']
@@ -35,8 +33,7 @@ def test_two_processes_pack_like_one(tmp_path):
     for k in ('perf/packed_fill', 'perf/train_tokens', 'reward/mean'):
       assert r2[k] == r1[k], k
 
-  with np.load(tmp_path / 'two.npz') as a, np.load(tmp_path / 'one.npz') as b:
-    arrays = {**{k: a[k] for k in a.files}, **{k: b[k] for k in b.files}}
+  arrays = jobs.load_arrays(tmp_path / 'two.npz', tmp_path / 'one.npz')
   got, want = jobs.params(arrays, 'two/final'), jobs.params(arrays, 'one/final')
   diff = jobs.max_diff(got, want)
   print(f'max |param diff| after 2 packed steps, 2 processes vs 1: {diff:.3g}')
