@@ -13,13 +13,22 @@ greedy accuracy per eval set and, with `eval.samples` > 0, pass@k / maj@k.
 `--set` changes what is measured, never what was trained: only fields of
 the `eval` section and `train.eval_prompts`.
 
+The run's config file (the `--config` it was started with, recorded in
+its checkpoints) is run first, as `jaxcorr.main` runs it, so rewards and
+environments that file registers exist here too; run evaluate from the
+directory the run was started in when that path is relative.
+
 Prints the metrics and writes them to `<output_dir>/step_<N>.json`, and
 the replies to `<output_dir>/step_<N>.jsonl`
 (`jaxcorr.train.evals.samples_log`); `--output_dir` defaults to
-`<workdir>/evaluate`. Nothing else in the workdir is written.
+`<workdir>/evaluate`. Nothing else in the workdir is written: an
+`--output_dir` equal to or inside the run directory (other than its
+`evaluate/`) or any other run is refused, and another non-empty directory
+needs `--force` (as `jaxcorr.export --out`).
 
 Exit status: 0; 1 with one line `error: ...` when the workdir holds no run
-config or no checkpoint (or not `--step`).
+config or no checkpoint (or not `--step`), `--output_dir` is refused, or
+the run's config does not build here.
 """
 
 from __future__ import annotations
@@ -45,6 +54,11 @@ _SET = flags.DEFINE_multi_string(
 _OUTPUT_DIR = flags.DEFINE_string(
   'output_dir', None, 'Where results go (default: <workdir>/evaluate).'
 )
+_FORCE = flags.DEFINE_bool(
+  'force',
+  False,
+  'Write into a non-empty --output_dir (never into a run directory).',
+)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -53,7 +67,11 @@ def main(argv: Sequence[str]) -> None:
   console.quiet_libraries()
   try:
     step, metrics = evaluate(
-      _WORKDIR.value, _STEP.value, _SET.value, _OUTPUT_DIR.value
+      _WORKDIR.value,
+      _STEP.value,
+      _SET.value,
+      _OUTPUT_DIR.value,
+      force=_FORCE.value,
     )
   except ValueError as e:
     sys.exit(f'error: {e}')

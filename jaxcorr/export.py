@@ -45,7 +45,7 @@ from absl import app, flags
 from etils import epath
 from flax import nnx
 
-from jaxcorr.train.checkpoints.workdir import read_config
+from jaxcorr.train.checkpoints.workdir import check_output_dir, read_config
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The training run directory.')
 _OUT = flags.DEFINE_string('out', None, 'Output Hugging Face directory.')
@@ -79,41 +79,16 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
   return config
 
 
-def _normal(path: str) -> epath.Path:
-  """An absolute, symlink-free local path; remote (gs://) ones as given."""
-  if '://' in path:
-    return epath.Path(path.rstrip('/'))
-  return epath.Path(os.path.realpath(os.path.expanduser(path)))
-
-
-def _is_run_dir(d: epath.Path) -> bool:
-  """What a trainer leaves in its workdir: config.json with checkpoints or
-  metrics (jaxcorr.train.checkpoints.workdir)."""
-  return (d / CONFIG_FILE).is_file() and (
-    (d / 'checkpoints').is_dir() or (d / 'metrics.jsonl').is_file()
-  )
-
-
 def check_out(workdir: str, out: str, *, force: bool = False) -> None:
   """ValueError when exporting to `out` could damage a run or other files
-  (module doc); returns when `out` is new, empty, or `force` allows it."""
-  run, target = _normal(workdir), _normal(out)
-  for d in (target, *target.parents):
-    if d == run or _is_run_dir(d):
-      what = 'the run directory' if d == run else 'a run directory'
-      where = 'is' if d == target else 'is inside'
-      raise ValueError(
-        f'--out={out} {where} {what} {d}: the export writes config.json '
-        "there, replacing the run's own; choose a directory outside any run "
-        '(--force does not override this)'
-      )
-  if target.exists() and not target.is_dir():
-    raise ValueError(f'--out={out} is a file, not a directory')
-  if target.is_dir() and any(True for _ in target.iterdir()) and not force:
-    raise ValueError(
-      f'--out={out} is a non-empty directory; choose a new or empty one, or '
-      'pass --force to write into it (files of the same name are replaced)'
-    )
+  (module doc; `workdir.check_output_dir`)."""
+  check_output_dir(
+    workdir,
+    out,
+    flag='--out',
+    writes="the export writes config.json there, replacing the run's own",
+    force=force,
+  )
 
 
 def model_config(config: Any) -> Any:

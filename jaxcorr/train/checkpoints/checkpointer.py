@@ -208,6 +208,14 @@ class Checkpointer:
       path, abstract, self.all_steps(), step
     )
 
+  def meta(self, step: int) -> dict[str, Any]:
+    """The JSON meta of committed step `step` alone (no state read)."""
+    self._check_open()
+    restored = self._manager.restore(
+      step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+    )
+    return dict(restored['meta'])
+
   # ------------------------------------------------------------ closing
 
   def close(self) -> None:

@@ -25,6 +25,15 @@ keep a second invocation on the same directory from damaging it:
   temporary file renamed) and is called by the trainer only after the
   restore succeeded or a fresh start was set up, so a rejected re-run
   leaves the original run's `config.json`, and with it its export, intact.
+
+The tools that write outside the trainer (`jaxcorr.export --out`,
+`jaxcorr.evaluate --output_dir`) check their output directory with
+`check_output_dir` before writing anything: never the run directory or a
+directory inside any run (one holding config.json with `checkpoints/` or
+metrics.jsonl), where their files would replace the run's records
+(config.json, `eval_samples/step_<N>.jsonl`), except a folder the run
+keeps for that tool (`<workdir>/evaluate`); and any other non-empty
+directory only with `--force`.
 """
 
 from __future__ import annotations
@@ -195,6 +204,60 @@ def check_config(
       'with them'
     )
   logging.warning('resuming %s with a changed config: %s', workdir, listed)
+
+
+def _normal(path: str) -> epath.Path:
+  """An absolute, symlink-free local path; remote (gs://) ones as given."""
+  if '://' in path:
+    return epath.Path(path.rstrip('/'))
+  return epath.Path(os.path.realpath(os.path.expanduser(path)))
+
+
+def _is_run_dir(d: epath.Path) -> bool:
+  """What a trainer leaves in its workdir: config.json with checkpoints or
+  metrics."""
+  return (d / CONFIG_FILE).is_file() and (
+    (d / CHECKPOINT_DIR).is_dir() or (d / 'metrics.jsonl').is_file()
+  )
+
+
+def check_output_dir(
+  workdir: str,
+  out: str,
+  *,
+  flag: str,
+  writes: str,
+  force: bool = False,
+  own: str | None = None,
+) -> None:
+  """ValueError (one line, naming `flag`) when writing into `out` could
+  replace the records of the run in `workdir` or of any other run, or
+  other files (module doc); returns when `out` is new, empty, `force`
+  allows it, or it is `own` (a folder of this run kept for the tool, or
+  inside it). `writes` says what would be replaced, e.g. "the export
+  writes config.json there, replacing the run's own"."""
+  run, target = _normal(workdir), _normal(out)
+  mine = own is not None and (
+    target == _normal(own) or _normal(own) in target.parents
+  )
+  for d in () if mine else (target, *target.parents):
+    if d == run or _is_run_dir(d):
+      what = 'the run directory' if d == run else 'a run directory'
+      where = 'is' if d == target else 'is inside'
+      raise ValueError(
+        f'{flag}={out} {where} {what} {d}: {writes}; choose a directory '
+        'outside any run (--force does not override this)'
+      )
+  if target.exists() and not target.is_dir():
+    raise ValueError(f'{flag}={out} is a file, not a directory')
+  if mine:
+    return
+  if target.is_dir() and any(True for _ in target.iterdir()) and not force:
+    raise ValueError(
+      f'{flag}={out} is a non-empty directory; choose a new or empty one, '
+      'or pass --force to write into it (files of the same name are '
+      'replaced)'
+    )
 
 
 def has_checkpoints(workdir: str) -> bool:
