@@ -141,12 +141,15 @@ def docs(cls: type) -> dict[str, str]:
 # ------------------------------------------------------------------- rules
 
 
-def integer(lo: int) -> Rule:
-  """An int (not a bool) >= lo."""
+def integer(lo: int, hi: int | None = None) -> Rule:
+  """An int (not a bool) >= lo (and <= hi)."""
+  allowed = f'an int >= {lo}' if hi is None else f'an int in [{lo}, {hi}]'
 
   def rule(value: Any, path: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-      raise Invalid(f'an int >= {lo}')
+      raise Invalid(allowed)
+    if hi is not None and value > hi:
+      raise Invalid(allowed)
     return value
 
   return rule

@@ -45,6 +45,11 @@ PRESETS: dict[str, Preset | None] = {
   'rollout': None,
 }
 
+# eval.samples' bound: each sample is a decode of every eval prompt, and
+# pass@1024 is about the largest k reported; a value past it is a typo
+# that would decode for hours, not a measurement.
+MAX_SAMPLES = 1024
+
 # A set's name is a metric path segment: eval/<name>/pass@8.
 _NAME = re.compile(r'[A-Za-z0-9_.-]+')
 
@@ -120,8 +125,9 @@ class EvalConfig:
   )
   samples: int = setting(
     0,
-    integer(0),
-    'Sampled replies per eval prompt for pass@k / maj@k (0: greedy only).',
+    integer(0, MAX_SAMPLES),
+    'Sampled replies per eval prompt for pass@k / maj@k (0: greedy only; '
+    f'at most {MAX_SAMPLES}).',
   )
   preset: str = setting(
     'standard',

@@ -41,6 +41,11 @@ def test_ks_default_to_1_and_n_and_are_sorted():
     ),
     (dict(eval__k='0'), r'config\.eval\.k: .*k < 1'),
     (
+      dict(eval__samples=100000),
+      r'config\.eval\.samples: invalid value 100000; allowed: an int in '
+      r'\[0, 1024\]',
+    ),
+    (
       dict(eval__preset='hot'),
       r"config\.eval\.preset: invalid value 'hot'; allowed: 'greedy', "
       r"'standard', 'liberal', 'rollout'",
