@@ -23,6 +23,7 @@ from jaxcorr.config.fields import (
 
 SOURCES = ('arithmetic', 'jsonl', 'parquet', 'reasoning_gym')
 ANSWER_FORMATS = ('gsm8k', 'raw')
+TOKENIZERS = ('chars', 'bytes')
 _POS, _NAT = integer(1), integer(0)
 
 
@@ -57,6 +58,14 @@ class DataConfig:
   )
   prompt_template: str = setting(
     '{prompt}', text, "Text around the prompt; must contain '{prompt}'."
+  )
+  tokenizer: str = setting(
+    'chars',
+    one_of(*TOKENIZERS),
+    "The vocabulary of a model from scratch (model.hf_path=''): 'chars' "
+    '(27 ids, arithmetic text only: jaxcorr.data.tasks.CharTokenizer) or '
+    "'bytes' (259 ids, any UTF-8 text: jaxcorr.data.text.ByteTokenizer; "
+    'model.vocab_size >= 259). A HF checkpoint uses its tokenizer.json.',
   )
   shuffle: bool = setting(
     True,

@@ -48,6 +48,16 @@ def _longest(source: Sequence[Example]) -> list[tuple[str, Example]]:
   return [(_where(source, i), source[i]) for i in range(n)]
 
 
+class PromptError(ValueError):
+  """Prompts the run cannot use: a start-up error the command lines print
+  as one line (`jaxcorr.main`), naming the field and the rows."""
+
+
+def _listed(bad: list[str], what: str, advice: str) -> str:
+  more = f' (and {len(bad) - 5} more)' if len(bad) > 5 else ''
+  return f'{len(bad)} {what}: {"; ".join(bad[:5])}{more}; {advice}'
+
+
 def check_prompts(
   source: Sequence[Example],
   encode: Callable[[str], Sequence[int]],
@@ -56,32 +66,47 @@ def check_prompts(
   max_prompt_length: int,
 ) -> None:
   """Tokenizes every prompt of `source` as the rollouts will
-  (`encode(format_prompt(template, ex))`) and raises one ValueError naming
-  the file and line of each prompt (first five, and the count) that the
-  tokenizer rejects or that is longer than `max_prompt_length`."""
-  bad = []
+  (`encode(format_prompt(template, ex))`) and raises one `PromptError`
+  naming the file and line of each prompt (first five of each kind, and
+  the counts) that the tokenizer rejects or that is longer than
+  `max_prompt_length`, with the fix of each kind."""
+  too_long, rejected = [], []
   for where, ex in _longest(source):
     try:
       n = len(encode(format_prompt(template, ex)))
     except ValueError as e:
       if 'prompt_template' in str(e):
         raise
-      bad.append(f'{where}: cannot be tokenized ({e})')
+      rejected.append(f'{where}: {e}')
       continue
     except Exception as e:  # a tokenizer's own error type
-      bad.append(f'{where}: cannot be tokenized ({type(e).__name__}: {e})')
+      rejected.append(f'{where}: {type(e).__name__}: {e}')
       continue
     if n > max_prompt_length:
-      bad.append(f'{where}: {n} tokens')
+      too_long.append(f'{where}: {n} tokens')
   _warn_empty_answers(source)
-  if bad:
-    more = f' (and {len(bad) - 5} more)' if len(bad) > 5 else ''
-    raise ValueError(
-      f'{len(bad)} prompt(s) cannot be used with '
-      f'config.rollout.max_prompt_length={max_prompt_length}: '
-      + '; '.join(bad[:5])
-      + more
-      + '. Raise the limit or remove those rows.'
+  parts = []
+  if too_long:
+    parts.append(
+      _listed(
+        too_long,
+        f'longer than config.rollout.max_prompt_length={max_prompt_length}',
+        'raise the limit or remove those rows',
+      )
+    )
+  if rejected:
+    parts.append(
+      _listed(
+        rejected,
+        'that the tokenizer cannot encode',
+        "a model from scratch encodes any text with config.data.tokenizer='"
+        "bytes'; or remove those rows",
+      )
+    )
+  if parts:
+    count = len(too_long) + len(rejected)
+    raise PromptError(
+      f'{count} prompt(s) cannot be used: ' + ' | '.join(parts) + '.'
     )
 
 

@@ -2,11 +2,16 @@
 
 The trainer tokenises each prompt once and never re-tokenises a response
 (docs/math/rollout_contract.md §3): the engine's ids go straight into the
-training batch; text is decoded only for the reward functions. Two tokenizers
-share one small interface (`encode(text, bos=...)`, `decode(ids)`, `vocab_size`,
-`eos_id`; `stop_ids(tokenizer)` adds the model's other stop tokens):
+training batch; text is decoded only for the reward functions. Three
+tokenizers share one small interface (`encode(text, bos=...)`, `decode(ids)`,
+`vocab_size`, `eos_id`; `stop_ids(tokenizer)` adds the model's other stop
+tokens):
 
-* `jaxcorr.data.tasks.CharTokenizer` for the embedded arithmetic task;
+* `jaxcorr.data.tasks.CharTokenizer` for the embedded arithmetic task
+  (`config.data.tokenizer='chars'`, the default of a model from scratch);
+* `ByteTokenizer`, any UTF-8 text, for a model from scratch on other text
+  (`config.data.tokenizer='bytes'`: reasoning-gym questions, an
+  environment's observations);
 * `HFTextTokenizer`, a `tokenizers.Tokenizer` from a local HF checkpoint
   (`tokenizer.json`), for real models.
 """
@@ -16,7 +21,51 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from jaxcorr.config import fields
+from jaxcorr.data.config import TOKENIZERS
 from jaxcorr.model import TransformerConfig, load_tokenizer
+
+_SPECIALS = 3  # PAD, BOS, EOS: ids 0-2 of both vocabularies from scratch
+
+
+class ByteTokenizer:
+  """UTF-8 bytes: 0 = PAD, 1 = BOS, 2 = EOS, byte b = id b + 3 (259 ids).
+
+  Why bytes and not a small BPE trained at start-up on the task's text:
+  the ids are fixed in code, so a checkpoint never depends on a vocabulary
+  file or on the data it was trained on (a BPE learnt from the prompts
+  would give other ids for another data seed, eval set or environment, and
+  a resumed or evaluated run would have to rebuild it exactly); every
+  string encodes, so no prompt, template or observation is refused; and
+  259 embedding rows cost a tiny model little (33k parameters at hidden
+  size 128). The price is length: one token per byte, about 4x a BPE's
+  count on English, which short tasks (a 70-byte reasoning-gym question)
+  afford. The special ids are `CharTokenizer`'s, so code that reads them
+  (export's model config) sees the same ids for either vocabulary.
+  """
+
+  vocab_size = 256 + _SPECIALS
+  pad_id, bos_id, eos_id = 0, 1, 2
+  stop_ids = (eos_id,)
+
+  def encode(
+    self, text: str, *, bos: bool = True, eos: bool = False
+  ) -> list[int]:
+    """Text -> ids (its UTF-8 bytes), BOS first (`bos`), EOS last (`eos`)."""
+    ids = [b + _SPECIALS for b in text.encode('utf-8')]
+    return [self.bos_id] * bos + ids + [self.eos_id] * eos
+
+  def decode(self, ids: Sequence[int]) -> str:
+    """Ids -> text: stops at the first EOS, skips PAD and BOS; bytes that
+    are not UTF-8 (a sampled id may split a character) decode to U+FFFD."""
+    out = bytearray()
+    for raw in ids:
+      i = int(raw)
+      if i == self.eos_id:
+        break
+      if i >= _SPECIALS:
+        out.append(i - _SPECIALS)
+    return out.decode('utf-8', errors='replace')
 
 
 class HFTextTokenizer:
@@ -54,15 +103,47 @@ class HFTextTokenizer:
     return self._tok.decode(out, skip_special_tokens=True)
 
 
-def make_tokenizer(hf_path: str, config: TransformerConfig) -> Any:
-  """`HFTextTokenizer` of `hf_path`, or the arithmetic `CharTokenizer`;
+def scratch_tokenizer(kind: str = 'chars') -> Any:
+  """The tokenizer of a model from scratch: `CharTokenizer` ('chars') or
+  `ByteTokenizer` ('bytes'), `config.data.tokenizer`."""
+  if kind == 'bytes':
+    return ByteTokenizer()
+  if kind != 'chars':
+    fields.fail('config.data.tokenizer', kind, ', '.join(map(repr, TOKENIZERS)))
+  from jaxcorr.data.tasks import CharTokenizer
+
+  return CharTokenizer()
+
+
+def check_tokenizer(kind: str, hf_path: str, vocab_size: int) -> None:
+  """Config-time rules of `config.data.tokenizer`: a HF checkpoint brings
+  its own tokenizer ('bytes' would be ignored), and a model from scratch
+  embeds every id of its vocabulary (`config.model.vocab_size`)."""
+  if hf_path and kind != 'chars':
+    fields.fail(
+      'config.data.tokenizer',
+      kind,
+      "'chars' (the default) with config.model.hf_path",
+      "the checkpoint's tokenizer.json is used",
+    )
+  need = 0 if hf_path else scratch_tokenizer(kind).vocab_size
+  if vocab_size < need:
+    fields.fail(
+      'config.model.vocab_size',
+      vocab_size,
+      f'>= {need} (the ids of data.tokenizer={kind!r})',
+    )
+
+
+def make_tokenizer(
+  hf_path: str, config: TransformerConfig, kind: str = 'chars'
+) -> Any:
+  """`HFTextTokenizer` of `hf_path`, or the `scratch_tokenizer` of `kind`;
   ValueError when its vocabulary has ids the model cannot embed."""
   if hf_path:
     tokenizer = HFTextTokenizer(load_tokenizer(hf_path), config)
   else:
-    from jaxcorr.data.tasks import CharTokenizer
-
-    tokenizer = CharTokenizer()
+    tokenizer = scratch_tokenizer(kind)
   if tokenizer.vocab_size > config.vocab_size:
     raise ValueError(
       f'config.model.vocab_size={config.vocab_size} is smaller than the '

@@ -32,7 +32,7 @@ from jaxcorr import rewards
 from jaxcorr.agents.config import AgentConfig
 from jaxcorr.agents.environment import environment_spec
 from jaxcorr.config import convert, fields
-from jaxcorr.data import prompts, reasoning_gym
+from jaxcorr.data import prompts, reasoning_gym, text
 from jaxcorr.data.config import DataConfig
 from jaxcorr.data.tasks import Example
 from jaxcorr.losses import objective_config
@@ -239,6 +239,9 @@ def check_combinations(run: RunConfig) -> None:
   check_agent(run)
   check_lora(run)
   check_precision(run)
+  text.check_tokenizer(
+    run.data.tokenizer, run.model.hf_path, run.model.vocab_size
+  )
   span = r.max_prompt_length + r.max_new_tokens
   if not run.model.hf_path and span > run.model.max_position_embeddings:
     fail(

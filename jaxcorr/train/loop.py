@@ -127,7 +127,9 @@ class Trainer:
     # () -> a copy of the policy's weights for the engine (weights.py).
     sync = weight_sync(run, policy)
     self.engine_params = lambda: sync(self.state)
-    self.tokenizer = text.make_tokenizer(run.model.hf_path, self.model_cfg)
+    self.tokenizer = text.make_tokenizer(
+      run.model.hf_path, self.model_cfg, run.data.tokenizer
+    )
     self.state, self.steps = setup.build_learner(run, policy, self.mesh)
     self.ref_params = None
     prompts = setup.build_prompts(run, self.tokenizer.encode)

@@ -384,10 +384,10 @@ def test_every_prompt_is_checked_at_start_up_with_file_and_line(tmp_path):
   with pytest.raises(ValueError) as info:
     prompt_check.check_prompts(src, tok.encode, **kw)
   msg = str(info.value)
-  assert msg.startswith('2 prompt(s) cannot be used with ')
+  assert msg.startswith('2 prompt(s) cannot be used: 1 longer than ')
   assert 'config.rollout.max_prompt_length=12' in msg
-  assert f'{path!r} line 2: 27 tokens' in msg
-  assert f'{path!r} line 4: cannot be tokenized' in msg
+  assert f'{path!r} line 2: 27 tokens; raise the limit' in msg
+  assert f"{path!r} line 4: CharTokenizer cannot encode character 'x'" in msg
   prompt_check.check_prompts(
     src[:1] + src[2:3], tok.encode, template='{prompt}', max_prompt_length=5
   )
