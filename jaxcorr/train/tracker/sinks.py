@@ -16,7 +16,10 @@ Every sink gets the same `{name: float}` dict per step that metrics.jsonl
 records and implements `Sink`. The run's config is logged once, when the
 sink's run is created. A sink that raises, when it is opened or on a
 write, is logged as a warning and dropped (`open_sinks`,
-`metrics.MetricWriter`): a logger never stops training. A logger whose
+`metrics.MetricWriter`): a logger never stops training. The MLflow sink
+opens and writes on a thread of its own (`background.Background`): an
+unreachable tracking server never delays training, and its warning names
+the tracking URI. A logger whose
 package is not installed is a start-up error naming the extra to install
 (`check_installed`, called by `jaxcorr.train.build`).
 """
@@ -26,12 +29,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from absl import logging
 
 from jaxcorr.config.fields import Invalid, fail
+from jaxcorr.train.tracker.background import Background
 from jaxcorr.train.tracker.tensorboard import TensorBoardSink
 
 LOGGERS = ('tensorboard', 'jsonl', 'wandb', 'mlflow')
@@ -42,6 +47,7 @@ EXTRAS = {'wandb': ('wandb', 'wandb'), 'mlflow': ('mlflow', 'mlflow')}
 # Run ids of the wandb / mlflow runs of a workdir: a resumed run logs to
 # the run it started.
 RUN_IDS = 'logger_runs.json'
+_RUN_IDS_LOCK = threading.Lock()
 
 
 class Sink(Protocol):
@@ -110,14 +116,15 @@ def _run_ids(workdir: str) -> dict[str, str]:
 
 
 def _save_run_id(workdir: str, name: str, run_id: str) -> None:
-  ids = _run_ids(workdir)
-  if ids.get(name) == run_id:
-    return
-  ids[name] = run_id
-  tmp = os.path.join(workdir, f'.{RUN_IDS}.tmp')
-  with open(tmp, 'w', encoding='utf-8') as f:
-    json.dump(ids, f, indent=2)
-  os.replace(tmp, os.path.join(workdir, RUN_IDS))
+  with _RUN_IDS_LOCK:  # loggers open on threads of their own
+    ids = _run_ids(workdir)
+    if ids.get(name) == run_id:
+      return
+    ids[name] = run_id
+    tmp = os.path.join(workdir, f'.{RUN_IDS}.tmp')
+    with open(tmp, 'w', encoding='utf-8') as f:
+      json.dump(ids, f, indent=2)
+    os.replace(tmp, os.path.join(workdir, RUN_IDS))
 
 
 def open_sinks(
@@ -168,16 +175,20 @@ def open_sinks(
         on_run_id=remember('wandb'),
       )
     elif logger == 'mlflow':
-      from jaxcorr.train.tracker.mlflow_sink import MlflowSink
+      from jaxcorr.train.tracker.mlflow_sink import MlflowSink, tracking_uri
 
-      openers[logger] = lambda: MlflowSink(
-        workdir,
-        config=config,
-        experiment=project,
-        name=name,
-        uri=mlflow_tracking_uri,
-        run_id=ids.get('mlflow'),
-        on_run_id=remember('mlflow'),
+      openers[logger] = lambda: Background(
+        'mlflow',
+        f'tracking URI {tracking_uri(workdir, mlflow_tracking_uri)}',
+        lambda: MlflowSink(
+          workdir,
+          config=config,
+          experiment=project,
+          name=name,
+          uri=mlflow_tracking_uri,
+          run_id=ids.get('mlflow'),
+          on_run_id=remember('mlflow'),
+        ),
       )
   return open_each(openers.items())
 

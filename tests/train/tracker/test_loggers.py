@@ -5,14 +5,18 @@ warning and training goes on; config errors name the field."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import socket
+import time
+from collections.abc import Iterator
 
 import pytest
 
 from jaxcorr.train import build
 from jaxcorr.train.loop import Trainer
-from jaxcorr.train.tracker import metrics, sinks
+from jaxcorr.train.tracker import background, metrics, sinks
 from jaxcorr.train.tracker.mlflow_sink import mlflow_name
 from tests.helpers.logger_records import (
   mlflow_run,
@@ -129,16 +133,54 @@ def test_resumed_workdir_logs_to_the_same_runs(offline):
 
 def test_a_logger_that_fails_to_start_is_a_warning(offline, caplog):
   workdir = offline / 'run'
-  opened = sinks.open_sinks(
-    'tensorboard,mlflow',
+  with metrics.MetricWriter(
     str(workdir),
-    config=CONFIG,
-    mlflow_tracking_uri='nosuchscheme://nowhere',
+    sinks=sinks.open_sinks(
+      'tensorboard,mlflow',
+      str(workdir),
+      config=CONFIG,
+      mlflow_tracking_uri='nosuchscheme://nowhere',
+    ),
+  ) as w:
+    w.write(1, {'reward/mean': 0.5})
+  assert (
+    'logger mlflow disabled: it failed to start (tracking URI '
+    'nosuchscheme://nowhere)' in caplog.text
   )
-  assert [s.name for s in opened] == ['tensorboard']
-  assert 'logger mlflow disabled: it failed to start' in caplog.text
-  for s in opened:
-    s.close()
+  assert [r['step'] for r in metrics.read_metrics(str(workdir))] == [1]
+
+
+@contextlib.contextmanager
+def _dead_server(kind: str) -> Iterator[str]:
+  """The URI of a loopback port that refuses connections (bound, not
+  listening) or accepts them and never answers (listening, never read)."""
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    if kind == 'silent':
+      s.listen(16)
+    yield f'http://127.0.0.1:{s.getsockname()[1]}'
+
+
+@pytest.mark.parametrize('kind', ['refusing', 'silent'])
+def test_an_unreachable_tracking_server_does_not_delay_training(
+  offline, caplog, kind
+):
+  """Training used to wait 4.5 minutes for a refusing server at start-up
+  and over 10 for a silent one; now opening and writing take no time,
+  closing at most `background.CLOSE_S`, and the warning names the URI."""
+  workdir = offline / 'run'
+  with _dead_server(kind) as uri:
+    start = time.monotonic()
+    opened = sinks.open_sinks(
+      'mlflow', str(workdir), config=CONFIG, mlflow_tracking_uri=uri
+    )
+    with metrics.MetricWriter(str(workdir), sinks=opened) as w:
+      for step, values in STEPS.items():
+        w.write(step, values)
+      assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < background.CLOSE_S + 2.0
+  assert 'logger mlflow' in caplog.text and uri in caplog.text
+  assert [r['step'] for r in metrics.read_metrics(str(workdir))] == [0, 1, 2]
 
 
 def test_training_goes_on_when_loggers_raise(offline, monkeypatch, caplog):
