@@ -155,7 +155,7 @@ def _segment(op: Callable, x: jax.Array, ids: jax.Array) -> jax.Array:
   return out if sharding is None else jax.sharding.reshard(out, sharding)
 
 
-def _gsum(x: jax.Array, ids: jax.Array) -> jax.Array:
+def group_sum(x: jax.Array, ids: jax.Array) -> jax.Array:
   """Per-row sum of `x` over the row's group (`[B]` → `[B]`)."""
   return _segment(jax.ops.segment_sum, x, ids)
 
@@ -187,12 +187,12 @@ def group_stats(rewards: jax.Array, mask: jax.Array, ids: jax.Array) -> Groups:
   zero = jnp.zeros((), dtype)
   valid = jnp.any(mask, axis=-1)
   score = masked.row_sum(rewards, mask)
-  count = _gsum(valid.astype(dtype), ids)
+  count = group_sum(valid.astype(dtype), ids)
   scale = masked.range_scale(_gmax(jnp.where(valid, jnp.abs(score), zero), ids))
   scaled = score / scale
-  mean = masked.safe_div(_gsum(jnp.where(valid, scaled, zero), ids), count)
+  mean = masked.safe_div(group_sum(jnp.where(valid, scaled, zero), ids), count)
   dev = jnp.where(valid, jnp.square(scaled - mean), zero)
-  var = masked.safe_div(_gsum(dev, ids), jnp.maximum(count - 1, 0))
+  var = masked.safe_div(group_sum(dev, ids), jnp.maximum(count - 1, 0))
   multi = count > 1
   mean = jnp.where(multi, mean * scale, zero)
   std = jnp.where(multi, masked.safe_sqrt(var) * scale, jnp.ones((), dtype))
@@ -233,7 +233,7 @@ def opo(g: Groups, mask: jax.Array, k: dict) -> jax.Array:
   del k
   ids = g.ids
   n = masked.row_count(mask, g.score.dtype)
-  base = masked.safe_div(_gsum(n * g.score, ids), _gsum(n, ids))
+  base = masked.safe_div(group_sum(n * g.score, ids), group_sum(n, ids))
   return g.score - jnp.where(g.count > 1, base, 0)
 
 

@@ -22,6 +22,7 @@ from jaxcorr.losses import policy as policy_lib
 from jaxcorr.losses.policy import KNOB_FIELDS, PolicyKnobs
 from jaxcorr.losses.policy.inputs import validate_knobs
 from jaxcorr.losses.policy.registry import check_required
+from jaxcorr.losses.vcpo import VCPOKnobs, check_vcpo
 
 
 def _policy_loss_name(value: object, path: str) -> str:
@@ -38,11 +39,12 @@ def _optional_agg(value: object, path: str) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class ActorLossConfig(PolicyKnobs):
+class ActorLossConfig(PolicyKnobs, VCPOKnobs):
   """Static configuration of the actor objective (docs/math/losses.md §5).
 
   The loss name, its aggregation, every `PolicyKnobs` field (inherited: a
-  knob is declared once) and the auxiliary terms. Hashable, so it can be a
+  knob is declared once), VCPO's step scaling and baseline (`VCPOKnobs`,
+  jaxcorr/losses/vcpo.py) and the auxiliary terms. Hashable, so it can be a
   static jit argument. Validated when built: `agg` and the KL estimators
   are stored canonical (`token-mean` -> `token_mean`, `low_var_kl` -> `k3`).
   A coefficient of 0 turns its term off. verl's `use_kl_loss=True,
@@ -141,7 +143,9 @@ def check_compatible(
   * `rollout_is` or `prime` (which already divide by μ) meet an `is_level`;
   * rollout log-probs are needed but the engine does not report them: any
     correction config, a policy loss that reads `rollout_logp`, or a
-    rollout-KL term.
+    rollout-KL term;
+  * VCPO (`ess_scaling`, `grad_baselining`) without IS weights: it needs
+    the decoupled correction with an `is_level` (`vcpo.check_vcpo`).
 
   Bypass + `reinforce` with neither IS weights nor rejection nor veto is
   *allowed*: it is plain REINFORCE on the rollout samples with the
@@ -150,6 +154,7 @@ def check_compatible(
   correct on-policy gradient as long as μ ≈ π_θ; the diagnostics say when
   that stops being true.
   """
+  check_vcpo(actor_cfg, corr_cfg)
   name = actor_cfg.policy_loss
   allowed = allowed_policy_losses(corr_cfg)
   if name not in allowed:

@@ -11,11 +11,14 @@ from __future__ import annotations
 import dataclasses
 
 from jaxcorr.config.fields import number, one_of, setting, text, validate
+from jaxcorr.losses.overlong import OverlongKnobs, check_overlong
 
 
 @dataclasses.dataclass(frozen=True)
-class RewardConfig:
-  """Reward functions of `jaxcorr.rewards`, by name, and their time limits."""
+class RewardConfig(OverlongKnobs):
+  """Reward functions of `jaxcorr.rewards`, by name, and their time limits;
+  the overlong shaping of the scores (`OverlongKnobs`,
+  jaxcorr/losses/overlong.py)."""
 
   functions: str = setting(
     'exact_match',
@@ -53,4 +56,4 @@ class RewardConfig:
   )
 
   def __post_init__(self):
-    validate(self)
+    check_overlong(self, validate(self))

@@ -22,6 +22,12 @@ devices. It
   from padding micro-batches). Losses and metrics are identical with and without
   them.
 
+With the overlong shaping of the `reward` section (jaxcorr/losses/
+overlong.py) `assemble` also adds DAPO's soft overlong penalty to the
+sequence reward (`overlong_penalty_at='reward'`) or stores it per row for the
+update (`'loss'`), and marks the truncated rows (finish LENGTH) whose loss
+`mask_truncated_completions` removes after the advantages.
+
 `rollout_metrics` computes the `rollout/` (and, off sync mode, `staleness/`)
 metrics of docs/math/rollout_contract.md §6 on the host, where the versions
 and finish reasons already are; `to_device` is the one transfer of a host
@@ -38,6 +44,7 @@ import jax
 import numpy as np
 
 from jaxcorr import sharding
+from jaxcorr.losses import overlong as overlong_lib
 from jaxcorr.rollout import FinishReason, RolloutBatch
 from jaxcorr.train.rollouts import staleness as staleness_lib
 from jaxcorr.train.tracker.reduction import Metric, Metrics
@@ -80,6 +87,10 @@ class TrainBatch:
   # engine's (R3) and the trainer's π_old pass's (R2, filled by prepare).
   routed_experts: Array | None = None  # [B, P + T, L_moe, k] int32
   old_experts: Array | None = None  # [B, P + T, L_moe, k] int32
+  # Overlong shaping (losses/overlong.py), None when off: rows whose loss
+  # mask_truncated_completions removes, the 'loss'-placed penalty.
+  truncated: Array | None = None  # [B] bool
+  overlong_penalty: Array | None = None  # [B] float32
 
   @property
   def rows(self) -> int:
@@ -94,6 +105,8 @@ class TrainBatch:
       group_ids=None,
       seq_reward=None,
       version_gap=None,
+      truncated=None,
+      overlong_penalty=None,
       **none,
     )
 
@@ -158,6 +171,29 @@ def keep_tokens(
   return mask
 
 
+def overlong_shaping(
+  batch: RolloutBatch, knobs: Any, max_len: int
+) -> dict[str, np.ndarray]:
+  """The overlong shaping of a batch by `knobs` (`OverlongKnobs`, the
+  `reward` section; jaxcorr/losses/overlong.py), as numpy `[B]` arrays:
+  'truncated' (rows finished by LENGTH) when `mask_truncated_completions`,
+  'penalty' (DAPO's, over the response-side tokens, the environment's
+  included) when the buffer is enabled; neither when both are off."""
+  out = {}
+  if knobs.mask_truncated_completions:
+    finish = np.asarray(batch.finish_reason)
+    out['truncated'] = finish == FinishReason.LENGTH
+  if knobs.overlong_buffer_enable:
+    penalty = overlong_lib.overlong_penalty(
+      np.asarray(batch.context_mask, bool),
+      max_len=max_len,
+      buffer_len=knobs.overlong_buffer_len,
+      penalty_factor=knobs.overlong_penalty_factor,
+    )
+    out['penalty'] = np.asarray(penalty, np.float32)
+  return out
+
+
 def assemble(
   batch: RolloutBatch,
   seq_reward: np.ndarray,
@@ -167,9 +203,23 @@ def assemble(
   logprob_mode: str,
   row_multiple: int,
   staleness_policy: str = 'wait',
+  overlong: Any = None,
+  max_len: int = 0,
 ) -> TrainBatch:
   """The device batch as numpy arrays (see the module docstring), B rows
-  rounded up to `row_multiple`."""
+  rounded up to `row_multiple`; `overlong`: the `reward` section's
+  `OverlongKnobs` (None: no shaping), `max_len` its L_max."""
+  shaping = (
+    {} if overlong is None else overlong_shaping(batch, overlong, max_len)
+  )
+  extra = {}
+  if 'truncated' in shaping:
+    extra['truncated'] = shaping['truncated']
+  if 'penalty' in shaping:
+    if overlong.overlong_penalty_at == 'reward':
+      seq_reward = np.asarray(seq_reward, np.float32) + shaping['penalty']
+    else:
+      extra['overlong_penalty'] = shaping['penalty']
   kept, _ = keep_rows(batch, trainer_version, max_staleness, staleness_policy)
   mask = keep_tokens(batch, trainer_version, max_staleness, staleness_policy)
   ctx = np.asarray(batch.context_mask, bool)
@@ -220,6 +270,7 @@ def assemble(
     ).astype(np.int32),
     **kept_sets,
     **routing,
+    **extra,
   )
   return pad_rows(out, padded_size(batch.batch_size, row_multiple))
 
@@ -261,11 +312,14 @@ def rollout_metrics(
   max_staleness: int | None,
   staleness_policy: str = 'wait',
   gap_buckets: int | None = None,
+  overlong: Any = None,
+  max_len: int = 0,
 ) -> Metrics:
   """`rollout/`, `reward/` and `response_length/` metrics of one batch,
   each with how it combines across processes (`reduction.py`); with
   `gap_buckets` (async and stream modes, `staleness.gap_buckets`) also the
-  per-token `staleness.staleness_metrics`."""
+  per-token `staleness.staleness_metrics`; with `overlong` (as `assemble`'s)
+  the `overlong/` metrics. `reward/` is the score before the penalty."""
   kept, stale_dropped = keep_rows(
     batch, trainer_version, max_staleness, staleness_policy
   )
@@ -320,7 +374,28 @@ def rollout_metrics(
     )
   if batch.kept_count is not None:
     m.update(_replay_metrics(batch, mask & real[:, None]))
+  if overlong is not None:
+    shaping = overlong_shaping(batch, overlong, max_len)
+    m.update(
+      {f'overlong/{k}': avg(v) for k, v in _shaping_means(shaping, real)}
+    )
   return m
+
+
+def _shaping_means(shaping: dict[str, np.ndarray], real: np.ndarray):
+  """(name, mean over the real rows) of the overlong shaping: the
+  truncated rows the filter removes, the penalty and the penalised rows
+  (verl's `overlong`)."""
+  n = max(int(real.sum()), 1)
+  if 'truncated' in shaping:
+    yield (
+      'masked_truncated_fraction',
+      float(shaping['truncated'][real].sum() / n),
+    )
+  if 'penalty' in shaping:
+    p = shaping['penalty'][real]
+    yield 'penalty_mean', float(p.sum() / n)
+    yield 'penalized_fraction', float((p < 0).sum() / n)
 
 
 def _replay_metrics(batch: RolloutBatch, mask: np.ndarray) -> Metrics:

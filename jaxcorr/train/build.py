@@ -35,7 +35,7 @@ from jaxcorr.config import convert, fields
 from jaxcorr.data import prompts, reasoning_gym, text
 from jaxcorr.data.config import DataConfig
 from jaxcorr.data.tasks import Example
-from jaxcorr.losses import objective_config
+from jaxcorr.losses import objective_config, overlong
 from jaxcorr.losses.advantages import AdvantageConfig
 from jaxcorr.losses.correction import CorrectionConfig
 from jaxcorr.losses.objective_config import ActorLossConfig, LossConfigs
@@ -207,6 +207,7 @@ def check_combinations(run: RunConfig) -> None:
       f'at most batch/mini_batches = {r.batch_size // t.mini_batches}',
     )
   _check_moe(run)
+  overlong.check_max_length(run.reward, r.max_new_tokens, 'config.reward')
   estimator = run.algorithm.advantage.estimator
   if estimator == 'gae' and not run.critic.enabled:
     fail(

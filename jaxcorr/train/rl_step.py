@@ -3,7 +3,8 @@ functions.
 
     Scored ─ validate (the rollout contract) ─ rollout metrics, error and
     staleness checks ─ assemble (drop or mask stale data by
-    rollout.staleness_policy, pick μ, pad; numpy `TrainBatch`)
+    rollout.staleness_policy, pick μ, the overlong shaping of the
+    `reward` section, pad; numpy `TrainBatch`)
     ─ to_device ─ pack (train.packing: the whole batch, on every process)
     ─ Steps.prepare ─ Steps.update ─ metrics ─ a run of
     batches with no token left stops the run (`staleness.EmptyBatches`)
@@ -122,6 +123,8 @@ class RLStep:
       max_staleness=r.max_staleness,
       staleness_policy=r.staleness_policy,
       gap_buckets=staleness.gap_buckets(r.mode, r.max_staleness),
+      overlong=self.run.reward,
+      max_len=r.max_new_tokens,
     )
     errors = host['rollout/finish_error_fraction'].value
     if errors > r.max_error_fraction:
@@ -150,6 +153,8 @@ class RLStep:
       logprob_mode=r.logprob_mode,
       row_multiple=self.row_multiple,
       staleness_policy=r.staleness_policy,
+      overlong=self.run.reward,
+      max_len=r.max_new_tokens,
     )
     offset = jax.process_index() * batch.rows
     return batch.replace(group_ids=batch.group_ids + offset)

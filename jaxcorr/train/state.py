@@ -168,10 +168,15 @@ def apply_updates(
   opt_state: Any,
   params: Any,
   shardings: Any = None,
+  scale: jax.Array | None = None,
 ) -> tuple[Any, Any]:
   """One optimizer step; the new params keep `shardings` (when given), so
-  the next call of the step compiles to the same executable."""
+  the next call of the step compiles to the same executable. `scale`
+  multiplies the optimizer's update (VCPO's ESS step: the learning rate
+  times `scale` for optax's Adam/AdamW chains)."""
   updates, opt_state = tx.update(grads, opt_state, params)
+  if scale is not None:
+    updates = jax.tree.map(lambda u: (u * scale).astype(u.dtype), updates)
   params = optax.apply_updates(params, updates)
   if shardings is not None:
     params = jax.lax.with_sharding_constraint(params, shardings)

@@ -34,7 +34,7 @@ from flax import nnx
 
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective, objective_config, value
-from jaxcorr.train import scoring
+from jaxcorr.train import loss_batch, scoring
 from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.packing import forward as packed_forward
 from jaxcorr.train.packing.layout import PackedRows
@@ -260,12 +260,15 @@ class Steps:
     )
     metrics['actor/grad_norm'] = optax.tree.norm(grads)
     metrics['actor/lr'] = self.schedule(state.updates)
+    scale, scale_metrics = loss_batch.step_scale(self.run, sub)
+    metrics.update(scale_metrics)
     params, opt_state = apply_updates(
       self.tx,
       grads,
       state.opt_state,
       state.params,
       None if shard is None else shard.params,
+      scale=scale,
     )
     state = state.replace(
       params=params, opt_state=opt_state, updates=state.updates + 1
@@ -282,6 +285,16 @@ class Steps:
       state = state.replace(critic_params=cparams, critic_opt_state=copt)
     return state.replace(frozen=None), metrics
 
+  def _row_logp(self, frozen, key, params, row: TrainBatch) -> jax.Array:
+    """Σ_t m_t log π_θ(y_t) of a one-row batch: what VCPO's exact score
+    norms differentiate (`loss_batch.score_sq_norms`)."""
+    if frozen is not None:  # LoRA: the adapters' gradient
+      params = nnx.merge_state(frozen, params)
+    (logp, _), _ = _update_forward(
+      self.run, self.graphdef, params, row, None, key, False
+    )
+    return jnp.sum(jnp.where(row.response_mask, logp, 0.0))
+
   def _update(
     self,
     state: TrainState,
@@ -294,6 +307,10 @@ class Steps:
     order = update_order(self.run.train, batch.rows, key, packed is not None)
     steps = jnp.arange(order.shape[0])
     frozen = state.frozen  # read by every update, not carried by the loop
+    row_logp = functools.partial(self._row_logp, frozen, key)
+    batch, shaped = loss_batch.for_update(
+      self.run, batch, row_logp, state.params
+    )
     body = functools.partial(
       self._one_update, batch, key, packed, frozen, light
     )
@@ -302,6 +319,7 @@ class Steps:
     )
     metrics = jax.tree.map(jnp.mean, metrics)
     metrics['actor/updates'] = jnp.asarray(order.shape[0], jnp.float32)
+    metrics.update(shaped)
     if light:
       metrics = diagnostics.light(metrics)
     return state.replace(rng=rng, frozen=frozen), metrics
