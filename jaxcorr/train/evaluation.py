@@ -9,6 +9,13 @@ an engine of its own on the trainer's devices and loads the weights first.
 Every process decodes its share of the prompts; the metrics are combined
 over processes (`reduction.gather_processes`).
 
+Progress: the sampled pass decodes `CHUNK_ROWS` replies at a time (whole
+prompts: `CHUNK_ROWS // eval.samples`, at least one); with more than one
+chunk, a progress line (`metrics.ProgressLine`, the training line's style)
+follows each, e.g. `eval/add/sampled prompts 64/256 | 0.9 s/prompt | ETA
+2m53s`. Chunking changes no reply: a reply's sampling key is that of its
+prompt's index in the set and its sample's (`driver.request_keys`).
+
 Seeds: the greedy pass samples with step `_SEED_OFFSET + step` (as it always
 has: with the default `eval` section the metrics are those of a run before
 the sampled pass existed), the sampled pass of set i with
@@ -17,8 +24,12 @@ the sampled pass existed), the sampled pass of set i with
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import jax
+import numpy as np
 
 from jaxcorr.data import prompts as data
 from jaxcorr.data.tasks import Example
@@ -26,12 +37,17 @@ from jaxcorr.train.evals import sampled, samples_log
 from jaxcorr.train.evals.sets import EvalSet, build_sets
 from jaxcorr.train.rollouts.stage import RolloutStage, Scored
 from jaxcorr.train.tracker import reduction
+from jaxcorr.train.tracker.metrics import ProgressLine
 from jaxcorr.train.tracker.reduction import Metric, Metrics
 
 # Evaluation's sampling seeds: far from any training step's.
 _SEED_OFFSET = 10**9
 _SAMPLED_OFFSET = 2 * 10**9
 _MAX_SETS = 1000
+
+# Replies per chunk of the sampled pass: a progress line per chunk (about
+# a minute of decoding on 2 CPU cores for the tiny models).
+CHUNK_ROWS = 512
 
 
 class Evaluator:
@@ -46,6 +62,7 @@ class Evaluator:
       stage's engine is the training one (it holds them already).
     samples_dir: where the JSONL of eval samples goes
       (`jaxcorr.train.evals.samples_log`); None: nowhere.
+    chunk_rows: replies decoded per chunk of the sampled pass (module doc).
   """
 
   def __init__(
@@ -55,8 +72,10 @@ class Evaluator:
     weights: Callable[[], Any] | None = None,
     *,
     samples_dir: str | None = None,
+    chunk_rows: int = CHUNK_ROWS,
   ):
     self.stage = stage
+    self.chunk_rows = chunk_rows
     self.sets = list(sets)
     self.weights = weights
     cfg = stage.run.eval
@@ -95,24 +114,48 @@ class Evaluator:
   def _sampled(
     self, eval_set: EvalSet, index: int, step: int, rows: list
   ) -> Metrics:
-    """pass@k, maj@k, sampled accuracy (`jaxcorr.train.evals.sampled`)."""
+    """pass@k, maj@k, sampled accuracy (`jaxcorr.train.evals.sampled`),
+    decoded in chunks of prompts (module doc: progress)."""
     run = self.stage.run
     cfg = run.eval
     preset = cfg.preset_for(run.rollout)
-    scored = self.stage.sample(
-      eval_set.examples,
-      step=_SAMPLED_OFFSET + step * _MAX_SETS + index,
-      num_samples=cfg.samples,
-      temperature=preset.temperature,
-      top_k=preset.top_k,
-      top_p=preset.top_p,
-      min_p=preset.min_p,
-    )
-    replies = self.stage.responses(scored.batch)
-    if self.samples_dir is not None:
-      rows.extend(self._rows(eval_set, scored, replies, step, 'sampled'))
+    examples = eval_set.examples
+    size = max(1, self.chunk_rows // cfg.samples)
+    starts = range(0, len(examples), size)
+    progress = None
+    if len(starts) > 1:
+      progress = ProgressLine(
+        len(examples),
+        label=f'{eval_set.prefix}sampled prompts',
+        unit='prompt',
+      )
+    base = jax.process_index() * len(examples)  # stage.sample's default
+    replies, scores, seconds = [], [], 0.0
+    for first in starts:
+      chunk = EvalSet(eval_set.name, examples[first : first + size])
+      t0 = time.perf_counter()
+      scored = self.stage.sample(
+        chunk.examples,
+        step=_SAMPLED_OFFSET + step * _MAX_SETS + index,
+        num_samples=cfg.samples,
+        temperature=preset.temperature,
+        top_k=preset.top_k,
+        top_p=preset.top_p,
+        min_p=preset.min_p,
+        first_prompt=base + first,
+      )
+      got = self.stage.responses(scored.batch)
+      if self.samples_dir is not None:
+        rows.extend(self._rows(chunk, scored, got, step, 'sampled', first))
+      replies += got
+      scores.append(np.asarray(scored.scores[0]))
+      seconds += float(scored.metrics['time/rollout'].value)
+      if progress is not None:
+        done = first + len(chunk.examples)
+        spent = time.perf_counter() - t0
+        progress.update(done, {}, spent / len(chunk.examples))
     values = sampled.sampled_metrics(
-      scored.scores[0],
+      np.concatenate(scores),
       replies,
       samples=cfg.samples,
       ks=cfg.ks,
@@ -120,7 +163,7 @@ class Evaluator:
     )
     out = {f'{eval_set.prefix}{k}': Metric.avg(v) for k, v in values.items()}
     timer = 'time/eval_sampled' + (f'/{eval_set.name}' if eval_set.name else '')
-    out[timer] = scored.metrics['time/rollout']
+    out[timer] = Metric.avg(seconds)
     return out
 
   def _rows(
@@ -130,8 +173,10 @@ class Evaluator:
     replies: Sequence[str],
     step: int,
     mode: str,
+    first: int = 0,
   ) -> list[dict]:
-    """The JSONL rows of one pass (`jaxcorr.train.evals.samples_log`)."""
+    """The JSONL rows of one pass (`jaxcorr.train.evals.samples_log`);
+    `first`: the set's index of `eval_set.examples[0]` (a chunk's)."""
     n = len(replies) // len(eval_set.examples)
     template = self.stage.run.data.prompt_template
     out = []
@@ -142,7 +187,7 @@ class Evaluator:
           'step': step,
           'set': eval_set.name,
           'mode': mode,
-          'prompt_index': j // n,
+          'prompt_index': first + j // n,
           'sample': j % n,
           'prompt': data.format_prompt(template, ex),
           'answer': ex.answer,

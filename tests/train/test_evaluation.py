@@ -112,3 +112,28 @@ def test_greedy_path_is_unchanged_by_sets_and_sampling(run):
   # ran beside a sampled pass.
   for key in ('accuracy', 'reward_mean', 'response_length'):
     assert last[f'eval/add/{key}'] == greedy[f'eval/{key}']
+
+
+def test_long_sampled_pass_shows_progress_and_chunks_change_nothing(
+  run, tmp_path, capsys
+):
+  """A long sampled pass printed nothing until it ended; decoded a few
+  prompts at a time it prints a progress line per chunk, and its replies,
+  rows and metrics are the run's own (the sampling keys follow the prompt's
+  index in the set, not its chunk)."""
+  trainer, last, workdir = run
+  harness = trainer.evaluate
+  chunked = Evaluator(
+    harness.stage, harness.sets, samples_dir=str(tmp_path), chunk_rows=3 * N
+  )
+  capsys.readouterr()
+  got = chunked(0)
+  err = capsys.readouterr().err
+  for line in ('eval/add/sampled prompts 3/8', 'eval/add/sampled prompts 8/8'):
+    assert line in err
+  assert 'eval/mul/sampled prompts 4/4' in err
+  assert 's/prompt | ETA' in err  # from the second chunk on
+  assert samples_log.read(str(tmp_path), 0) == samples_log.read(
+    str(workdir / samples_log.DIRNAME), 0
+  )
+  assert _stable(got) == _stable({k: v for k, v in last.items() if k in got})

@@ -307,6 +307,9 @@ class ProgressLine:
     compile_steps: leading step times left out of the rate.
     enabled: print at all; default: only on process 0 (`update` still
       returns the line elsewhere).
+    label: what is counted, first on the line (the eval progress of
+      `jaxcorr.train.evaluation`: 'eval/add sampled prompts').
+    unit: the rate's unit, `s/<unit>`.
   """
 
   def __init__(
@@ -319,11 +322,14 @@ class ProgressLine:
     smoothing: float = 0.1,
     compile_steps: int = 1,
     enabled: bool | None = None,
+    label: str = 'step',
+    unit: str = 'step',
   ):
     if every < 1:
       raise ValueError(f'every must be >= 1, got {every}')
     self.total_steps = int(total_steps)
     self.keys = tuple(keys)
+    self.label, self.unit = label, unit
     self.stream = stream
     self.every = every
     self.rate = StepRate(smoothing=smoothing, compile_steps=compile_steps)
@@ -352,13 +358,13 @@ class ProgressLine:
       self.rate.add(seconds_per_step, (compiled - last_compiled) / steps)
     if step % self.every and step != self.total_steps:
       return None
-    parts = [f'step {step}/{self.total_steps}']
+    parts = [f'{self.label} {step}/{self.total_steps}']
     parts += [
       f'{k} {_format_value(metrics[k])}' for k in self.keys if k in metrics
     ]
     eta = self.rate.eta(self.total_steps - step)
     if eta is not None:
-      parts.append(f'{self.rate.value:.3g} s/step')
+      parts.append(f'{self.rate.value:.3g} s/{self.unit}')
       parts.append(f'ETA {format_duration(eta)}')
     line = ' | '.join(parts)
     if self.enabled:
