@@ -28,7 +28,7 @@ DEFAULT_STALENESS = 4
 MISMATCHES: dict[str, dict[str, Any]] = {
   'none': {},
   'bf16': {'rollout.engine_dtype': 'bfloat16'},
-  'int8': {'rollout.engine_quant': 'int8'},
+  'int8': {'rollout.simulated_quant': 'int8'},
   'stale': {
     'rollout.mode': 'async',
     'rollout.max_staleness': DEFAULT_STALENESS,
@@ -51,7 +51,7 @@ MISMATCHES: dict[str, dict[str, Any]] = {
   },
   'severe': {
     'rollout.engine_dtype': 'bfloat16',
-    'rollout.engine_quant': 'int8',
+    'rollout.simulated_quant': 'int8',
     'rollout.mode': 'async',
     'rollout.max_staleness': 8,
   },

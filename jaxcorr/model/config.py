@@ -340,11 +340,18 @@ def _check_moe(self: TransformerConfig) -> None:
         f'of {MOE_ARCHITECTURES}'
       )
     return
+  # Messages start `field=value` so a config section can prefix its path
+  # (`jaxcorr.train.policy.ModelConfig`).
   e, k = self.num_experts, self.num_experts_per_tok
+  if e < 1:
+    raise ValueError(
+      f'num_experts={e} is invalid for {self.architecture}; allowed: an int '
+      '>= 1 (an MoE architecture)'
+    )
   if not 0 < k <= e:
     raise ValueError(
-      f'{self.architecture}: expected 0 < num_experts_per_tok <= '
-      f'num_experts, got k={k}, num_experts={e}'
+      f'num_experts_per_tok={k} is invalid for {self.architecture} with '
+      f'num_experts={e}; allowed: 1 <= num_experts_per_tok <= {e}'
     )
   if self.moe_intermediate_size <= 0:
     raise ValueError('moe_intermediate_size must be a positive int')

@@ -12,9 +12,13 @@ weight sync) swaps arrays of the same shapes and dtypes.
 
 Scales: one per output channel (every kernel axis the projection does not
 contract over, the stacked-layers axis included: per layer), or with
-`block` > 0 one per block of `block` inputs along a contracted axis.
-The embedding's scale is per vocabulary row, which is also its output
-channel as the tied head.
+`block` > 0 one per output channel and block of `block` consecutive inputs
+in the flattened (HF, head-major) input order (`block_tiles`): o_proj
+[H, Dh, D] with a block dividing Dh gets a scale per head and block, one
+that is a multiple of Dh a scale per group of block / Dh heads. A block
+that tiles no weight's inputs this way is refused at config time
+(`block_refusal`), never silently per channel. The embedding's scale is
+per vocabulary row, which is also its output channel as the tied head.
 
 The forward reads a `QuantizedWeight` through `project` and `embed_rows`:
 weight-only dequantizes the kernel to the compute dtype inside the jitted
@@ -34,6 +38,7 @@ arguments and re-quantized at every sync) do not go through.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import flax.struct
@@ -54,9 +59,10 @@ class QuantSpec:
   """How to quantize the weights.
 
   scheme: 'int8' or 'fp8'. block: 0 per output channel, else scales per
-  block of this many inputs along the widest contracted axis it divides
-  (per channel where it divides none). activations: quantize activations per token to the
-  same type before each projection (W8A8)."""
+  output channel and block of this many consecutive inputs (module doc;
+  every weight's inputs must tile, `block_refusal`). activations: quantize
+  activations per token to the same type before each projection
+  (W8A8)."""
 
   scheme: str
   block: int = 0
@@ -100,12 +106,38 @@ def _kernel_axes(equation: str, ndim: int) -> tuple[tuple[int, ...], int]:
   return tuple(offset + i for i, c in enumerate(kernel) if c in lhs), len(lhs)
 
 
+def block_tiles(
+  shape: tuple[int, ...], contract: tuple[int, ...], block: int
+) -> tuple[tuple[int, ...], dict[int, int]] | None:
+  """(extra per-index axes, {axis: tile}) that make each scale cover
+  `block` consecutive inputs of the flattened contracted axes (kernel
+  order: head-major for o_proj), or None when no such layout exists.
+
+  From the innermost contracted axis out: the first axis `a` where
+  `block` = t x (the size of the axes inside it) with t dividing a's size
+  is tiled by t, the axes inside it share the scale, and the contracted
+  axes outside it get a scale per index. o_proj [H, Dh, D], Dh = 64:
+  block 16 tiles Dh by 16 (a scale per head too); 128 tiles H by 2."""
+  inner = 1
+  for i in range(len(contract) - 1, -1, -1):
+    size = shape[contract[i]]
+    if block % inner == 0 and size % (block // inner) == 0:
+      return contract[:i], {contract[i]: block // inner}
+    inner *= size
+  return None
+
+
 def _quantize(x: jax.Array, contract: tuple[int, ...], spec: QuantSpec):
   channel = tuple(a for a in range(x.ndim) if a not in contract)
-  # Blocks along the widest contracted axis the block size divides (o_proj
-  # contracts heads x head_dim); none divides: one scale per channel.
-  fits = [a for a in contract if spec.block and x.shape[a] % spec.block == 0]
-  tiled = {max(fits, key=lambda a: x.shape[a]): spec.block} if fits else None
+  tiled = None
+  if spec.block:
+    layout = block_tiles(x.shape, contract, spec.block)
+    if layout is None:
+      raise ValueError(
+        f'quantization block {spec.block} tiles no layout of a weight '
+        f'{x.shape} contracting axes {contract} (block_refusal)'
+      )
+    channel, tiled = tuple(sorted(channel + layout[0])), layout[1]
   q = qwix.quantize(
     x.astype(jnp.float32),
     spec.qtype,
@@ -130,6 +162,38 @@ def weight_plan(model: nnx.Module) -> dict[tuple, tuple[int, ...]]:
     if isinstance(table, nnx.Param):
       plan[(name,)] = (table.ndim - 1,)  # [(L,) V, D]: contract D
   return plan
+
+
+def block_refusal(model: nnx.Module, block: int) -> tuple[str, str] | None:
+  """(allowed values, why) when `block` tiles the inputs of some matmul
+  weight of `model` (an abstract one will do) in no `block_tiles` layout;
+  None when it tiles every one."""
+  values = dict(nnx.to_flat_state(nnx.state(model)))
+  inputs: dict[tuple[int, ...], list[str]] = {}  # contracted sizes -> names
+  for path, contract in weight_plan(model).items():
+    shape = values[path].get_value().shape
+    name = path[-2] if path[-1] == 'kernel' else path[-1]
+    names = inputs.setdefault(tuple(shape[a] for a in contract), [])
+    names.append(str(name)) if str(name) not in names else None
+  tiles = lambda sizes, n: block_tiles(sizes, tuple(range(len(sizes))), n)  # noqa: E731
+  bad = [sizes for sizes in inputs if tiles(sizes, block) is None]
+  if not bad:
+    return None
+  allowed = set.intersection(
+    *(
+      {n for n in range(1, math.prod(v) + 1) if tiles(v, n) is not None}
+      for v in inputs
+    )
+  )
+  dims = '; '.join(
+    f'{"/".join(inputs[v])} contract {" x ".join(map(str, v))}' for v in bad
+  )
+  return (
+    '0 (one scale per output channel) or a block that tiles every '
+    f'weight: {", ".join(map(str, sorted(allowed)))}',
+    f'{dims} inputs, which do not split into blocks of {block} '
+    'consecutive inputs',
+  )
 
 
 def quantize_state(model: nnx.Module, spec: QuantSpec) -> nnx.State:

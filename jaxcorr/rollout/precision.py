@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxcorr.model import quantized_weights
 from jaxcorr.model.quantized_cache import KV_QTYPES
 from jaxcorr.model.quantized_weights import QuantSpec, quantize_state
 
@@ -47,6 +48,17 @@ def unsupported(spec: QuantSpec | None, backend: str) -> str | None:
     f'fp8 activations need fp8 matmuls ({", ".join(FP8_MATMUL_BACKENDS)}); '
     f'this backend is {backend!r}: use int8 activations or fp8 weight-only'
   )
+
+
+def block_refusal(config: Any, block: int) -> tuple[str, str] | None:
+  """(allowed values, why) when `rollout.quantization_block` = `block`
+  tiles some matmul weight of a policy of `config` (a `TransformerConfig`)
+  in no layout of n consecutive inputs; None when it tiles them all
+  (`quantized_weights.block_refusal` on the abstract model: no arrays)."""
+  from jaxcorr.model.transformer import Transformer
+
+  model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+  return quantized_weights.block_refusal(model, block)
 
 
 class EngineQuantizer:

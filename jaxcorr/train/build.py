@@ -40,16 +40,18 @@ from jaxcorr.losses.advantages import AdvantageConfig
 from jaxcorr.losses.correction import CorrectionConfig
 from jaxcorr.losses.objective_config import ActorLossConfig, LossConfigs
 from jaxcorr.losses.rewards import KLControlConfig, check_kl_horizon
+from jaxcorr.model import TransformerConfig
 from jaxcorr.model.lora import LoraConfig
 from jaxcorr.rollout import precision
 from jaxcorr.sharding import MeshConfig
 from jaxcorr.train.critic import CriticConfig
 from jaxcorr.train.evals import sets as eval_sets
 from jaxcorr.train.evals.config import EvalConfig
-from jaxcorr.train.policy import ModelConfig
+from jaxcorr.train.policy import ModelConfig, transformer_config
 from jaxcorr.train.rollouts.config import RolloutConfig
 from jaxcorr.train.rollouts.weights import quant_spec
 from jaxcorr.train.routing.config import MoEConfig
+from jaxcorr.train.routing.config import check_model as check_moe_model
 from jaxcorr.train.run_config import AlgorithmConfig, RunConfig, TrainConfig
 from jaxcorr.train.state import OptimConfig
 from jaxcorr.train.tracker import sinks
@@ -165,8 +167,11 @@ def check_startup(
 
 
 def _check_moe(run: RunConfig) -> None:
-  """R2 needs a π_old pass; the balance terms need global normalisers."""
+  """R2 needs a π_old pass; the balance terms need global normalisers;
+  replay needs an MoE policy."""
   moe = run.moe
+  if moe.router_replay != 'none' and (model := _policy_config(run)):
+    check_moe_model(moe, model)
   if moe.router_replay == 'old' and not run.decoupled:
     fields.fail(
       'config.moe.router_replay',
@@ -182,6 +187,15 @@ def _check_moe(run: RunConfig) -> None:
       'by the corrected token count at the end, which would rescale the '
       'balance terms; use correction.mode=decoupled',
     )
+
+
+def _policy_config(run: RunConfig) -> TransformerConfig | None:
+  """The policy's `TransformerConfig`, for the rules on its shapes; None
+  when `model.hf_path` has no config.json (loading the model says so)."""
+  try:
+    return transformer_config(run.model)
+  except OSError:
+    return None
 
 
 def check_combinations(run: RunConfig) -> None:
@@ -317,10 +331,10 @@ def check_lora(run: RunConfig) -> None:
       '0 with config.lora.rank > 0',
       'the SFT warm-up trains every weight; a LoRA run starts from its model',
     )
-  if r.engine_quant != 'none':
+  if r.simulated_quant != 'none':
     fields.fail(
-      'config.rollout.engine_quant',
-      r.engine_quant,
+      'config.rollout.simulated_quant',
+      r.simulated_quant,
       "'none' with config.lora.rank > 0",
       'a LoRA sync sends adapters, which the int8 fake-quantiser does not take',
     )
@@ -344,6 +358,11 @@ def check_precision(run: RunConfig) -> None:
       'False with correction.mode=bypass (π_old is then μ itself: there '
       'is no trainer forward to match)',
     )
+  block = r.quantization_block
+  if block and (model := _policy_config(run)):
+    refusal = precision.block_refusal(model, block)
+    if refusal:
+      fields.fail('config.rollout.quantization_block', block, *refusal)
   why = precision.unsupported(quant_spec(r), jax.default_backend())
   if why:
     fields.fail(

@@ -125,7 +125,14 @@ class ModelConfig:
   )
 
   def __post_init__(self):
-    validate(self)
+    path = validate(self)
+    if not self.hf_path:
+      # The model's own shape rules (top-k against the experts, heads, ...)
+      # at config time; its messages start with `field=value`.
+      try:
+        transformer_config(self)
+      except ValueError as e:
+        raise ValueError(f'{path}.{e}') from None
 
 
 def _hf_options(model: ModelConfig) -> dict[str, Any]:

@@ -41,6 +41,7 @@ def test_every_rollout_mode_builds(mode):
 
 def test_an_moe_policy_is_refused():
   c = arith_tool.get_config('pulse')
+  c.model.architecture = 'MixtralForCausalLM'
   c.model.num_experts = 4
   c.model.num_experts_per_tok = 2
   with pytest.raises(ValueError, match=r'config\.agent\.environment'):

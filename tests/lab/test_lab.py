@@ -25,7 +25,7 @@ VOLATILE = ('time/', 'perf/')
 def test_mismatch_definitions():
   assert lab.mismatch_overrides('none') == {}
   assert lab.mismatch_overrides('bf16') == {'rollout.engine_dtype': 'bfloat16'}
-  assert lab.mismatch_overrides('int8') == {'rollout.engine_quant': 'int8'}
+  assert lab.mismatch_overrides('int8') == {'rollout.simulated_quant': 'int8'}
   assert lab.mismatch_overrides('stale') == {
     'rollout.mode': 'async',
     'rollout.max_staleness': lab.DEFAULT_STALENESS,
@@ -38,13 +38,13 @@ def test_mismatch_definitions():
   combo = lab.mismatch_overrides('bf16+int8+stale2')
   assert combo == {
     'rollout.engine_dtype': 'bfloat16',
-    'rollout.engine_quant': 'int8',
+    'rollout.simulated_quant': 'int8',
     'rollout.mode': 'async',
     'rollout.max_staleness': 2,
   }
   severe = lab.mismatch_overrides('severe')
   assert severe['rollout.engine_dtype'] == 'bfloat16'
-  assert severe['rollout.engine_quant'] == 'int8'
+  assert severe['rollout.simulated_quant'] == 'int8'
   assert severe['rollout.mode'] == 'async'
   # Later parts win.
   assert lab.mismatch_overrides('stale4+stale1')['rollout.max_staleness'] == 1
@@ -113,7 +113,9 @@ def test_every_mismatch_builds_a_valid_run(mismatch):
   else:
     assert run.rollout.mode == 'sync'
   assert run.rollout.engine_dtype == want.get('rollout.engine_dtype', 'float32')
-  assert run.rollout.engine_quant == want.get('rollout.engine_quant', 'none')
+  assert run.rollout.simulated_quant == want.get(
+    'rollout.simulated_quant', 'none'
+  )
 
 
 # --------------------------------------------------------------- configs

@@ -37,6 +37,31 @@ def test_round_trip_error_bounds(scheme, block):
   assert err.max() > 0  # it did quantize
 
 
+@pytest.mark.parametrize('block', [8, 64])
+def test_o_proj_blocks_are_consecutive_inputs(block):
+  """o_proj [H, Dh, D] contracts heads x head_dim, flattened head-major:
+  each scale covers `block` consecutive inputs of one output channel, a
+  part of one head (block 8 of Dh 32) or whole heads (64: two heads), as
+  the docs say; it was one scale shared by every head's slice."""
+  h, dh, d = 4, 32, 6
+  x = jax.random.normal(jax.random.PRNGKey(1), (h, dh, d))
+  x = x * jnp.arange(1, h * dh + 1).reshape(h, dh, 1)  # heads differ
+  q = qw._quantize(x, (0, 1), qw.QuantSpec('int8', block=block))
+  flat = np.abs(np.asarray(x)).reshape(h * dh // block, block, d)
+  scale = np.asarray(q.weight.scale).reshape(h * dh // block, d)
+  # qwix's absmax scale: the block's absmax over its step count.
+  np.testing.assert_allclose(scale * 127.5, flat.max(1), rtol=1e-6)
+
+
+def test_a_block_that_tiles_no_weight_is_refused():
+  model = nnx.eval_shape(lambda: random_model(tiny_config()))
+  assert qw.block_refusal(model, 16) is None
+  allowed, why = qw.block_refusal(model, 7)
+  assert 'o_proj contract' in why and allowed.startswith('0 ')
+  with pytest.raises(ValueError, match='block 7'):
+    qw._quantize(jnp.ones((4, 8, 6)), (0, 1), qw.QuantSpec('int8', block=7))
+
+
 def _quantized(spec, **cfg):
   model = random_model(tiny_config(**cfg))
   graphdef, state = nnx.split(model)

@@ -75,13 +75,13 @@ def test_only_adapters_train_and_the_base_is_not_copied():
   assert after == pointers
 
 
-def test_lora_config_refuses_sft_and_engine_quant():
+def test_lora_config_refuses_sft_and_simulated_quant():
   with pytest.raises(ValueError, match=r'config\.train\.sft_steps.*lora'):
     build.build(pulse_config(lora__rank=2, train__sft_steps=2))
-  with pytest.raises(ValueError, match=r'config\.rollout\.engine_quant'):
+  with pytest.raises(ValueError, match=r'config\.rollout\.simulated_quant'):
     build.build(
       pulse_config(
-        lora__rank=2, train__sft_steps=0, rollout__engine_quant='int8'
+        lora__rank=2, train__sft_steps=0, rollout__simulated_quant='int8'
       )
     )
 

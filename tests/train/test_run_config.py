@@ -88,12 +88,12 @@ INVALID = [
   ({'algorithm__estimator': 'remax'}, r'config\.algorithm\.estimator'),
   ({'rollout__max_new_tokens': 64}, r'max_position_embeddings'),
   ({'rollout__mode': 'asynch'}, r"config\.rollout\.mode.*'sync'"),
-  ({'rollout__engine_quant': 'int4'}, r'config\.rollout\.engine_quant'),
+  ({'rollout__simulated_quant': 'int4'}, r'config\.rollout\.simulated_quant'),
   ({'rollout__logprob_mode': 'exact'}, r'config\.rollout\.logprob_mode'),
   ({'rollout__quantization': 'int4'}, r"config\.rollout\.quantization.*'fp8'"),
   (
-    {'rollout__quantization': 'int8', 'rollout__engine_quant': 'int8'},
-    r'config\.rollout\.engine_quant',
+    {'rollout__quantization': 'int8', 'rollout__simulated_quant': 'int8'},
+    r'config\.rollout\.simulated_quant',
   ),
   ({'rollout__matched_precision': True}, r"quantization='none'"),
   (
@@ -124,8 +124,40 @@ INVALID = [
     r"'full' with train\.packing=True",
   ),
   (
-    {'train__packing': True, 'model__num_experts': 4},
+    {
+      'train__packing': True,
+      'model__architecture': 'MixtralForCausalLM',
+      'model__num_experts': 4,
+      'model__num_experts_per_tok': 2,
+    },
     r'config\.train\.packing: invalid value True.*MoE',
+  ),
+  # The model's own shape rules, at config time (were tracebacks when the
+  # model was built).
+  (
+    {
+      'model__architecture': 'MixtralForCausalLM',
+      'model__num_experts': 4,
+      'model__num_experts_per_tok': 5,
+    },
+    r'config\.model\.num_experts_per_tok=5 .*allowed: 1 <= '
+    r'num_experts_per_tok <= 4',
+  ),
+  (
+    {'model__architecture': 'MixtralForCausalLM', 'model__num_experts': 4},
+    r'config\.model\.num_experts_per_tok=0 ',
+  ),
+  (
+    {'model__num_experts': 4, 'model__num_experts_per_tok': 2},
+    r'config\.model\.num_experts=4 needs an MoE architecture',
+  ),
+  # Replay on a dense model would replay nothing.
+  ({'moe__router_replay': 'rollout'}, r'config\.moe\.router_replay.*dense'),
+  # A block that tiles no weight's inputs was silently per channel.
+  (
+    {'rollout__quantization': 'int8', 'rollout__quantization_block': 7},
+    r'config\.rollout\.quantization_block: invalid value 7 \(.*o_proj '
+    r'contract 4 x 32.*allowed: 0 .*: 1, 2, 4, 8, 16, 32, 64, 128$',
   ),
   # Fields only mode='stream' reads: another value with another mode.
   (

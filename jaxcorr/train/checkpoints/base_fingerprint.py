@@ -9,6 +9,12 @@ float64 statistics (sum, sum of squares, and a sum weighted by a fixed
 function of the position, which changes when values move around); two
 bases match when every leaf's shape and dtype are equal and the statistics
 agree to 1e-6 relative (different meshes may sum in another order).
+
+`check_adapters` runs before any array is read: the checkpoint's adapter
+layout (whether it holds adapters, their rank and target modules, from its
+meta) must be the run's, since adapters of another shape or on other
+modules cannot be restored even with `--allow_config_change`. Both errors
+are `ConfigChanged` errors: one line at the command line (`jaxcorr.main`).
 """
 
 from __future__ import annotations
@@ -20,9 +26,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxcorr.train.checkpoints.workdir import ConfigChanged
 
-class BaseMismatchError(ValueError):
+
+class BaseMismatchError(ConfigChanged):
   """An adapter checkpoint restored onto other base weights."""
+
+
+class AdapterLayoutError(ConfigChanged):
+  """A checkpoint whose adapters (or their absence) the run cannot take."""
 
 
 def _stats(x: jax.Array) -> jax.Array:
@@ -78,3 +90,57 @@ def check_base(saved: dict, current: dict, source: str) -> None:
         f'saved; {c_shape} {c_dtype}, {c_stats} now). Resume on the base '
         'it was trained on (config.model.hf_path / init_seed)'
       )
+
+
+def _targets(value: Any) -> tuple[str, ...]:
+  """`lora.target_modules` as a config.json holds it (the comma-separated
+  command-line form or a list), sorted."""
+  if isinstance(value, str):
+    value = value.split(',')
+  return tuple(sorted(v.strip() for v in value or () if v.strip()))
+
+
+def check_adapters(meta: dict, lora: Any, source: str, workdir: str) -> None:
+  """Raises `AdapterLayoutError` naming the field when checkpoint `meta`
+  (from `source`) holds adapters this run's `lora` (a `LoraConfig`) cannot
+  restore: a LoRA checkpoint resumed with rank 0, a full one with LoRA on,
+  or another rank or set of target modules (module doc)."""
+  saved = (meta.get('run_config') or {}).get('lora') or {}
+  rank = int(saved.get('rank') or 0)
+  adapters = 'base_fingerprint' in meta
+  export = (
+    f'or export the merged model (python -m jaxcorr.export '
+    f'--workdir={workdir} --out=DIR) and start a new run on '
+    'config.model.hf_path=DIR'
+  )
+  if adapters and not lora.enabled:
+    raise AdapterLayoutError(
+      f'config.lora.rank=0: {source} holds LoRA adapters'
+      f'{f" of rank {rank}" if rank else ""}, not every weight, so a full '
+      f'fine-tuning run cannot resume it; resume with config.lora.rank='
+      f'{rank or "its rank"}, {export}'
+    )
+  if not adapters and lora.enabled:
+    raise AdapterLayoutError(
+      f'config.lora.rank={lora.rank}: {source} is not a LoRA checkpoint (it '
+      'holds every weight); resume it with config.lora.rank=0'
+    )
+  if not (adapters and saved):
+    return
+  if rank != lora.rank:
+    raise AdapterLayoutError(
+      f'config.lora.rank={lora.rank}: {source} holds adapters of rank '
+      f'{rank}, whose A and B cannot be restored at another rank; resume '
+      f'with config.lora.rank={rank}, {export}'
+    )
+  was, now = (
+    _targets(saved.get('target_modules')),
+    _targets(lora.target_modules),
+  )
+  if was != now:
+    raise AdapterLayoutError(
+      f'config.lora.target_modules={",".join(lora.target_modules)}: '
+      f'{source} holds adapters on {",".join(was)}; an adapter added or '
+      'dropped cannot be restored; resume with config.lora.target_modules='
+      f'{",".join(was)}, {export}'
+    )

@@ -18,7 +18,10 @@ another mode or lag (`--allow_config_change`) still restores it.
 LoRA runs (`config.lora.rank > 0`) save the adapters, not the frozen base
 (`TrainState.frozen` is left out of the tree), and record the base's
 fingerprint in meta 'base_fingerprint'; a restore onto another base raises
-`BaseMismatchError` (jaxcorr/train/checkpoints/base_fingerprint.py).
+`BaseMismatchError`, and one of another adapter layout (LoRA turned on or
+off, another rank or `target_modules`, even with `--allow_config_change`)
+`AdapterLayoutError` before any array is read, each a one-line
+`ConfigChanged` error (jaxcorr/train/checkpoints/base_fingerprint.py).
 
 A resumed run is bit-identical to an uninterrupted one in sync and
 fixed-lag async mode: every random choice derives from (train.seed, step)
@@ -54,7 +57,7 @@ from jaxcorr.rollout.adapter_weights import AdapterUpdate
 from jaxcorr.train.checkpoints import checkpointer as checkpoint
 from jaxcorr.train.checkpoints import workdir as workdir_lib
 from jaxcorr.train.checkpoints.base_fingerprint import (
-  BaseMismatchError,
+  check_adapters,
   check_base,
   fingerprint,
 )
@@ -188,20 +191,16 @@ class RunCheckpoints:
     latest) in the shardings of `state`; None if there is no checkpoint."""
     if self.checkpointer.latest_step() is None:
       return None
+    self._check_adapters(step)
     ref_like = state.params if self.run.needs_ref else None
     frozen = state.frozen
     tree = {'state': state.replace(frozen=None), 'ref': ref_like}
     abstract = abstract_like(tree)
     tree, meta = self.checkpointer.restore(abstract, step=step)
+    source = f'checkpoint step {meta["step"]} of {self.workdir}'
+    check_adapters(meta, self.run.lora, source, self.workdir)
     if frozen is not None:
-      saved_base = meta.get('base_fingerprint')
-      source = f'checkpoint step {meta["step"]} of {self.workdir}'
-      if saved_base is None:
-        raise BaseMismatchError(
-          f'{source} is not a LoRA checkpoint (it holds every weight); '
-          'resume it with config.lora.rank=0'
-        )
-      check_base(saved_base, self._fingerprint(frozen), source)
+      check_base(meta['base_fingerprint'], self._fingerprint(frozen), source)
       tree['state'] = tree['state'].replace(frozen=frozen)
     saved = meta.get('run_config')
     if saved is not None and self.config is not None:
@@ -221,6 +220,23 @@ class RunCheckpoints:
       progress.step, meta.get('lagged') or [], tree['state']
     )
     return tree['state'], tree['ref'], progress
+
+  def _check_adapters(self, step: int | None) -> None:
+    """`check_adapters` on the meta of the step a restore reads first,
+    before its arrays: Orbax's error for a tree of another layout names
+    array shapes, not the field. A step whose meta cannot be read is left
+    to the restore (it falls back to an older step, checked after)."""
+    step = self.checkpointer.latest_step() if step is None else step
+    try:
+      meta = self.checkpointer.meta(step)
+    except Exception:  # a damaged step: the restore reports it
+      return
+    check_adapters(
+      meta,
+      self.run.lora,
+      f'checkpoint step {step} of {self.workdir}',
+      self.workdir,
+    )
 
   def _restore_lagged(
     self, step: int, versions: list[int], state: TrainState

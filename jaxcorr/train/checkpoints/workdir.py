@@ -89,6 +89,24 @@ RESUMABLE = frozenset(
 )
 
 
+RENAMED = {'rollout.engine_quant': 'rollout.simulated_quant'}
+"""Fields renamed after runs were saved with them: old -> new dotted name.
+A saved config is read under the new names (`read_config`,
+`config_changes`), so such a run resumes, exports and evaluates as
+before."""
+
+
+def renamed(saved: dict[str, Any]) -> dict[str, Any]:
+  """`saved` (a run config's JSON dict) with `RENAMED` fields moved to
+  their new names, in place."""
+  for old, new in RENAMED.items():
+    (section, field), (to_section, to_field) = old.split('.'), new.split('.')
+    values = saved.get(section)
+    if isinstance(values, dict) and field in values:
+      saved.setdefault(to_section, {})[to_field] = values.pop(field)
+  return saved
+
+
 class WorkdirBusy(RuntimeError):
   """Another live process holds the workdir's lock."""
 
@@ -138,7 +156,7 @@ def config_changes(
   only counts as changed, unless the saved run predates it and the new
   value is its default (what the older code did: a new field is a new
   feature, off by default)."""
-  a, b = _flatten(saved), _flatten(new)
+  a, b = _flatten(renamed(json.loads(json.dumps(saved)))), _flatten(new)
   defaults = _defaults()
   missing = object()
   out = []
@@ -176,7 +194,7 @@ def read_config(workdir: str) -> dict[str, Any] | None:
     ) from None
   if not isinstance(saved, dict):
     raise ConfigUnreadable(f'{path} is not a JSON object')
-  return saved
+  return renamed(saved)
 
 
 def check_config(

@@ -89,11 +89,16 @@ class RolloutConfig:
     'Engine parameter/compute dtype: a bf16 engine is the usual '
     'training/inference mismatch.',
   )
-  engine_quant: str = setting(
+  # Two knobs, two things: `simulated_quant` only perturbs the values the
+  # engine receives (the mismatch lab's controlled mismatch), while
+  # `quantization` is a real narrow engine (int8 / fp8 storage).
+  simulated_quant: str = setting(
     'none',
     one_of('none', 'int8'),
-    "Engine weight quantisation: 'none' or 'int8' (per-row symmetric, "
-    'dequantised: a stronger, controlled mismatch).',
+    "Simulated engine weight quantization (the mismatch lab's injector; "
+    "formerly engine_quant): 'int8' sends the engine a per-row int8 "
+    'quantize-dequantize copy of the weights, still stored and computed '
+    'in engine_dtype. For a real narrow engine use rollout.quantization.',
   )
   quantization: str = setting(
     'none',
@@ -237,12 +242,13 @@ class RolloutConfig:
       )
 
   def _check_precision(self, p: str) -> None:
-    if self.quantization != 'none' and self.engine_quant != 'none':
+    if self.quantization != 'none' and self.simulated_quant != 'none':
       fail(
-        f'{p}.engine_quant',
-        self.engine_quant,
-        "'none' with rollout.quantization set (engine_quant is the older "
-        'fake-quantized int8 copy; quantization stores the weights narrow)',
+        f'{p}.simulated_quant',
+        self.simulated_quant,
+        "'none' with rollout.quantization set (simulated_quant only "
+        'perturbs the weights the engine gets; quantization stores them '
+        'narrow: one or the other)',
       )
     if self.quantization == 'none':
       for name, off in (

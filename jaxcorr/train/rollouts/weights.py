@@ -1,5 +1,6 @@
 """Copies of the policy's weights that outlive the update's donation: for
-the rollout engine (cast and int8 fake-quantised as configured; with LoRA
+the rollout engine (cast, and int8 fake-quantised with
+`rollout.simulated_quant`; with LoRA
 the adapters only, `AdapterPublisher`), the frozen reference policy and
 the SFT warm-up's starting point; and the engine's quantization as the
 trainer sees it (`quant_spec`, `matched_params`).
@@ -47,8 +48,10 @@ _quantize = jax.jit(lambda tree: jax.tree.map(fake_quant_int8, tree))
 
 def engine_params(run: RunConfig, params: Any) -> Any:
   """A copy of `params` for the engine (one that later donations cannot
-  invalidate), int8-quantised if `rollout.engine_quant` says so."""
-  if run.rollout.engine_quant == 'int8':
+  invalidate), int8 quantize-dequantized if `rollout.simulated_quant`
+  says so (the lab's simulated mismatch; a real narrow engine is
+  `rollout.quantization`, quantized on the engine's devices)."""
+  if run.rollout.simulated_quant == 'int8':
     params = _quantize(params)
   else:
     params = copy_tree(params)

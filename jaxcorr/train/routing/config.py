@@ -9,8 +9,9 @@ adds no term to its loss.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
-from jaxcorr.config.fields import number, one_of, setting, validate
+from jaxcorr.config.fields import fail, number, one_of, setting, validate
 
 REPLAY_MODES = ('none', 'old', 'rollout')
 
@@ -42,3 +43,17 @@ class MoEConfig:
 
   def __post_init__(self):
     validate(self)
+
+
+def check_model(moe: MoEConfig, model: Any) -> None:
+  """Router replay needs routing to replay: refused for a dense policy
+  (`model`: its `TransformerConfig`), where it would run and replay
+  nothing."""
+  if moe.router_replay != 'none' and not model.num_experts:
+    fail(
+      'config.moe.router_replay',
+      moe.router_replay,
+      f"'none' for a dense model ({model.architecture}, no experts)",
+      'router replay replays MoE routing; set model.num_experts and '
+      "model.architecture='MixtralForCausalLM' for a scratch MoE model",
+    )

@@ -127,6 +127,19 @@ def test_a_run_saved_before_a_new_section_resumes_at_its_defaults():
   ]
 
 
+def test_a_run_saved_under_a_renamed_field_resumes(tmp_path):
+  """`rollout.engine_quant` is `rollout.simulated_quant` now: a run saved
+  with the old name reads under the new one (claim, checkpoint meta)."""
+  new = json.loads(pulse_config(rollout__simulated_quant='int8').to_json())
+  saved = json.loads(json.dumps(new))
+  saved['rollout']['engine_quant'] = saved['rollout'].pop('simulated_quant')
+  assert workdir_lib.config_changes(saved, new) == []
+  (tmp_path / 'config.json').write_text(json.dumps(saved))
+  got = workdir_lib.read_config(str(tmp_path))
+  assert got['rollout']['simulated_quant'] == 'int8'
+  assert 'engine_quant' not in got['rollout']
+
+
 def test_config_json_cut_short_is_an_error_naming_it(tmp_path):
   saved = _saved_run(tmp_path, pulse_config())
   (tmp_path / 'config.json').write_text(saved[: len(saved) // 2])
