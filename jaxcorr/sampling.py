@@ -11,6 +11,11 @@ log-probs it reports describe exactly the distribution it sampled. Every
 parameter may be a scalar or one value per row (continuous batching mixes
 requests with different settings in one decode step). Greedy decoding is
 `top_k=1`: the kept set is the argmax (ties to the lower id).
+
+Every log-prob leaves through `nonpositive` (engine here, trainer in
+`jaxcorr.model.logprobs`): rounding can put log q a few ulps above 0 (the
+greedy kept mass log(exp(x)) ≠ x; one fusion dividing by τ differently
+from another), and a log-prob > 0 is no probability (MaxText #5231).
 """
 
 from __future__ import annotations
@@ -24,6 +29,14 @@ import jax.numpy as jnp
 def _per_row(x: float | jax.Array, batch_shape: tuple[int, ...], dtype):
   """A scalar or [...] parameter as [..., 1] for broadcasting over V."""
   return jnp.broadcast_to(jnp.asarray(x, dtype), batch_shape)[..., None]
+
+
+def nonpositive(logp: jax.Array) -> jax.Array:
+  """min(logp, 0) with gradient 1 wherever logp ≤ 0 (0 included) and 0
+  only where logp > 0; NaN and -inf pass through. `jnp.minimum` would halve
+  the gradient at a tie (logp == 0 exactly: a certain token), so this is a
+  `where`. The values clamped are rounding (a few ulps), never real mass."""
+  return jnp.where(logp > 0, jnp.zeros((), logp.dtype), logp)
 
 
 def scaled_logits(logits: jax.Array, temperature: float | jax.Array):
@@ -110,6 +123,7 @@ def token_logprobs(
   z = scaled_logits(logits, temperature)
   full_all = jax.nn.log_softmax(z, axis=-1)
   full = jnp.take_along_axis(full_all, tokens[..., None], axis=-1)[..., 0]
+  full = nonpositive(full)
   if keep is None:
     return full, full
   log_z = jax.nn.logsumexp(jnp.where(keep, full_all, -jnp.inf), axis=-1)
@@ -118,7 +132,7 @@ def token_logprobs(
     full - log_z,
     -jnp.inf,
   )
-  return full, trunc
+  return full, nonpositive(trunc)
 
 
 def sample(
@@ -169,7 +183,7 @@ def _sample_truncated(keys, z, top_k, top_p, min_p):
   tokens = _draw_blocks(keys, *_blocks(w, 0.0))
   full = jnp.take_along_axis(log_q, tokens[..., None], axis=-1)[..., 0]
   kept_mass = jnp.sum(w, axis=-1)
-  return tokens, full, full - jnp.log(kept_mass)
+  return tokens, nonpositive(full), nonpositive(full - jnp.log(kept_mass))
 
 
 def _sample_untruncated(keys, z):
@@ -182,6 +196,7 @@ def _sample_untruncated(keys, z):
   tokens = _draw_blocks(keys, e, size, block_sums)
   z_y = jnp.take_along_axis(z, tokens[..., None], axis=-1)[..., 0]
   full = z_y - m[..., 0] - jnp.log(jnp.sum(block_sums, axis=-1))
+  full = nonpositive(full)
   return tokens, full, full
 
 

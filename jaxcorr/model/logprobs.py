@@ -6,9 +6,13 @@ given tokens 0..t is
 
     logp[b, t] = log softmax(logits[b, t] / temperature)[tokens[b, t + 1]]
 
-for t in [0, S - 1), always float32. With V ~ 150k a float32 logits tensor
-is B * S * 600 KB (5 GB for 8 x 1024 tokens), and autodiff would keep
-another copy for the backward pass. `logprobs_from_hidden` instead scans
+for t in [0, S - 1), always float32 and never > 0 (`sampling.nonpositive`).
+The head's product accumulates in float32 whatever the compute dtype
+(bf16 x bf16 products are exact in float32: the float32 dot of the same
+operands) and the logsumexp runs on those float32 logits (MaxText #5231's
+fp32 head). With V ~ 150k a float32 logits tensor is B * S * 600 KB (5 GB
+for 8 x 1024 tokens), and autodiff would keep another copy for the
+backward pass. `logprobs_from_hidden` instead scans
 over chunks of `chunk_size` positions: each chunk projects [B, c, D] hidden
 states to [B, c, V] logits, reduces them to log-probs at once, and is wrapped
 in `jax.checkpoint`, so the backward pass recomputes one chunk's logits at a
@@ -35,6 +39,7 @@ from jaxcorr.model.transformer import (
   entropy_terms,
   mask_padded_vocab,
 )
+from jaxcorr.sampling import nonpositive
 from jaxcorr.sharding import constrain
 
 DEFAULT_CHUNK = 128
@@ -106,7 +111,7 @@ def _chunk_stats(
   log_mass = None
   if kept is None:
     picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    logp = picked - lse
+    logp = nonpositive(picked - lse)  # rounding can exceed 0 by ulps
   else:
     logp, log_mass = replay_logprobs(logits, targets, kept[0], kept[1])
   return logp, entropy, log_mass
@@ -365,4 +370,4 @@ def replay_logprobs(
     jnp.concatenate([jnp.where(live, z_k, -jnp.inf), z_y[..., None]], -1),
     axis=-1,
   )
-  return z_y - lse_k, lse_k - lse_all
+  return nonpositive(z_y - lse_k), nonpositive(lse_k - lse_all)
