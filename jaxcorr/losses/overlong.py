@@ -38,7 +38,6 @@ Both are pure jitted functions of arrays; the fields that turn them on are
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -117,15 +116,13 @@ def check_max_length(knobs: OverlongKnobs, max_len: int, path: str) -> None:
     )
 
 
-@functools.partial(
-  jax.jit, static_argnames=('max_len', 'buffer_len', 'penalty_factor')
-)
+@jax.jit
 def overlong_penalty(
   response_mask: jax.Array,
   *,
-  max_len: int,
-  buffer_len: int,
-  penalty_factor: float,
+  max_len: int | jax.Array,
+  buffer_len: int | jax.Array,
+  penalty_factor: float | jax.Array,
 ) -> jax.Array:
   """DAPO's soft overlong penalty of each row, float32 `[B]`.
 
@@ -141,9 +138,15 @@ def overlong_penalty(
     penalty_factor: the penalty at L = L_max.
   """
   masked.check_mask(response_mask, 'response_mask')
-  length = jnp.sum(response_mask, axis=-1, dtype=jnp.float32)
-  exceed = length - (max_len - buffer_len)
-  return jnp.minimum(-exceed / buffer_len * penalty_factor, 0.0)
+  # XLA's vectorised division by a broadcast scalar may round one ulp away
+  # from torch's (a reciprocal): within 1e-7 of verl, not bit for bit.
+  f32 = jnp.float32
+  length = jnp.sum(response_mask, axis=-1, dtype=jnp.int32)
+  exceed = (length - (max_len - buffer_len)).astype(f32)
+  ramp = (
+    -exceed / jnp.asarray(buffer_len, f32) * jnp.asarray(penalty_factor, f32)
+  )
+  return jnp.minimum(ramp, 0.0)
 
 
 @jax.jit
