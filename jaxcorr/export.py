@@ -25,11 +25,12 @@ non-empty directory needs `--force` (files of the same name are then
 replaced).
 
 LoRA runs (`config.lora.rank > 0`) checkpoint only the adapters: `--adapter`
-writes them as a PEFT directory for the run's base model
-(`jaxcorr.model.peft_io.save_peft`; `peft.PeftModel.from_pretrained(base,
-out)` loads it), and without it the adapters are merged into the base
-(the HF checkpoint of `config.model.hf_path`, or the scratch init of
-`config.model.init_seed`) and written through the same HF path.
+writes them as a PEFT directory for the run's base model, float32 tensors
+or `--dtype` (`jaxcorr.model.peft_io.save_peft`;
+`peft.PeftModel.from_pretrained(base, out)` loads it), and without it the
+adapters are merged into the base (the HF checkpoint of
+`config.model.hf_path`, or the scratch init of `config.model.init_seed`)
+and written through the same HF path.
 """
 
 from __future__ import annotations
@@ -214,7 +215,7 @@ def _export_lora(config, cfg, lora, ckpt_dir, out, step, dtype, adapter):
     )
   hf_path = config.model.hf_path
   if adapter:
-    save_peft(params, lora, out, base_model=hf_path, model=cfg)
+    save_peft(params, lora, out, base_model=hf_path, model=cfg, dtype=dtype)
     return step
   if hf_path:
     base = load_hf(

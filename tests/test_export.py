@@ -125,3 +125,33 @@ def test_out_in_a_run_or_non_empty_is_refused(tmp_path):
   assert 'is the run directory' in proc.stderr, proc.stderr
   assert (workdir / 'config.json').read_bytes() == saved
   assert sorted(p.name for p in workdir.iterdir()) == ['config.json']
+
+
+@pytest.mark.parametrize('dtype', [None, 'bfloat16'])
+def test_adapter_export_writes_the_dtype_asked_for(tmp_path, dtype):
+  """`--adapter --dtype=bfloat16` writes bfloat16 PEFT tensors (it wrote
+  float32 whatever --dtype said); without --dtype, float32."""
+  from safetensors import safe_open
+
+  from jaxcorr.train import build, setup
+  from jaxcorr.train.checkpoints.resume import Progress, RunCheckpoints
+  from jaxcorr.train.policy import build_policy
+  from tests.helpers.step_batches import one_device_mesh
+
+  config = pulse_config(lora__rank=2, train__sft_steps=0)
+  run = build.build(config)
+  mesh = one_device_mesh()
+  state = setup.build_learner(
+    run, build_policy(run.model, mesh, run.lora), mesh
+  )[0]
+  workdir = tmp_path / 'run'
+  ckpt = RunCheckpoints(str(workdir), run, 'pulse', config=config)
+  ckpt.save(Progress(step=1), state, None, force=True)
+  ckpt.close()
+  (workdir / 'config.json').write_text(config.to_json())
+  out = tmp_path / 'adapter'
+  export.export(str(workdir), str(out), adapter=True, dtype=dtype)
+  with safe_open(out / 'adapter_model.safetensors', 'np') as f:
+    names = list(f.keys())
+    kinds = {f.get_slice(k).get_dtype() for k in names}
+  assert kinds == {'BF16' if dtype else 'F32'}

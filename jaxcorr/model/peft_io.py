@@ -27,6 +27,7 @@ import json
 import os
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -150,11 +151,13 @@ def save_peft(
   *,
   base_model: str = '',
   model: TransformerConfig | None = None,
+  dtype: Any = None,
 ) -> None:
   """Writes `adapter` (an adapter `nnx.State` or its pure dict) as a PEFT
   LoRA directory `out` for the base model `base_model` (a path or hub id);
-  `model` is the policy's config (needed for an MoE policy). Raises
-  ValueError where PEFT could not load it (`peft_refusal`)."""
+  `model` is the policy's config (needed for an MoE policy); the tensors
+  in `dtype` (None: float32). Raises ValueError where PEFT could not load
+  it (`peft_refusal`)."""
   from safetensors.numpy import save_file
 
   why = peft_refusal(cfg, model)
@@ -166,6 +169,8 @@ def save_peft(
       'targets (docs/lora.md)'
     )
   tensors = peft_tensors(adapter, model)
+  if dtype is not None:
+    tensors = {k: v.astype(jnp.dtype(dtype)) for k, v in tensors.items()}
   os.makedirs(out, exist_ok=True)
   save_file(tensors, os.path.join(out, ADAPTER_WEIGHTS))
   config = {
