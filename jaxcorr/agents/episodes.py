@@ -44,6 +44,7 @@ from jaxcorr.data.tasks import Example
 from jaxcorr.rollout import RolloutBatch
 from jaxcorr.rollout.driver import request_keys
 from jaxcorr.rollout.engine import PolicyEngine
+from jaxcorr.rollout.precision import stored_dtypes
 from jaxcorr.rollout.state import SamplingParams
 
 SUM_METRICS = (
@@ -180,15 +181,13 @@ class AgentRollouts:
     final answers, turn rewards and metrics; the tool-call counts are the
     runner's since the last collect."""
     trajectories = sorted((e.trajectory for e in done), key=lambda t: t.row)
-    cfg = self.engine.config
     batch = to_batch(
       trajectories,
       prompt_length=self.prompt_length,
       response_length=self.response_length,
       sp=sp,
       drop_truncated=self.cfg.drop_truncated,
-      param_dtype=str(np.dtype(cfg.param_dtype)),
-      kv_cache_dtype=str(np.dtype(cfg.dtype)),
+      **stored_dtypes(self.engine),
     )
     metrics = trajectory_metrics(trajectories)
     metrics['agent/env_time_share'] = env_time_share

@@ -30,6 +30,7 @@ import jax
 import numpy as np
 
 from jaxcorr.model.moe import routing_shape
+from jaxcorr.rollout import precision
 from jaxcorr.rollout.decoder import Decoder, Request
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.state import SamplingParams
@@ -118,14 +119,12 @@ def to_batch(
   P = the longest prompt and T = t response positions."""
   b = len(done)
   p = max(len(r.prompt) for r in done)
-  cfg = engine.config
   return RolloutBatch(
     **_kept_fields(done, b, t, engine.kept_set_capacity),
     **_routing_fields(done, b, p, t, routing_shape(engine.config)),
     **sequence_fields(done, p, t, sp),
     engine_name='jaxcorr.PolicyEngine/jetstream',
-    param_dtype=str(np.dtype(cfg.param_dtype)),
-    kv_cache_dtype=str(np.dtype(cfg.dtype)),
+    **precision.stored_dtypes(engine),
   )
 
 

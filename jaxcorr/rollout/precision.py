@@ -61,6 +61,20 @@ def block_refusal(config: Any, block: int) -> tuple[str, str] | None:
   return quantized_weights.block_refusal(model, block)
 
 
+def stored_dtypes(engine: Any) -> dict[str, str]:
+  """`RolloutBatch.param_dtype` / `kv_cache_dtype` of a `PolicyEngine`:
+  the dtypes its matmul weights and KV cache are stored in (int8 /
+  float8_e4m3fn when narrow), not its compute dtype."""
+  cfg = engine.config
+  quantize = getattr(engine.weights, 'quantize', None)  # LoRA: never
+  param = cfg.param_dtype if quantize is None else quantize.spec.qtype
+  kv = engine.layout.kv_dtype or cfg.dtype
+  return {
+    'param_dtype': jnp.dtype(param).name,
+    'kv_cache_dtype': jnp.dtype(kv).name,
+  }
+
+
 class EngineQuantizer:
   """Published weights -> the engine's quantized `nnx.State` (jitted once
   per engine; `last_seconds`: the newest call's wall time, blocked)."""

@@ -60,7 +60,9 @@ class RolloutBatch:
   # token the engine fed (prompt then response, the trainer's P + T layout),
   # -1 where none (padding, the last sampled token); None for dense models.
   routed_experts: jax.Array | None = None  # [B, P + T, L_moe, k] int32
-  # Logging only.
+  # Logging only. The dtypes the engine stores its matmul weights and KV
+  # cache in (`precision.stored_dtypes`): 'int8' / 'float8_e4m3fn' for a
+  # quantized engine, whatever its compute dtype.
   engine_name: str = flax.struct.field(pytree_node=False, default='')
   param_dtype: str = flax.struct.field(pytree_node=False, default='')
   kv_cache_dtype: str = flax.struct.field(pytree_node=False, default='')

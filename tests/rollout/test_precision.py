@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from jaxcorr.model import quantized_weights as qw
-from jaxcorr.rollout import precision
+from jaxcorr.rollout import driver, precision
 from jaxcorr.rollout.decoder import Decoder, Request
 from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
 from tests.helpers.model_testing import logprobs, random_model, tiny_config
@@ -75,6 +75,27 @@ def test_weights_are_stored_narrow_on_the_engine(run):
   assert kernel.weight.scale.dtype == jnp.float32
   assert kernel.weight.scale.shape == (1, 8, 8)  # per output channel
   assert isinstance(kernel.weight.qvalue, jax.Array)  # on device
+
+
+def test_the_batch_names_the_stored_dtypes(run):
+  """`RolloutBatch.param_dtype` / `kv_cache_dtype` name what the engine
+  stores (they named its compute dtype, float32, for an int8 engine)."""
+  model, engine, _, done, _ = run
+  batch = driver.to_batch(engine, done, NEW, SamplingParams())
+  assert (batch.param_dtype, batch.kv_cache_dtype) == ('int8', 'float32')
+  narrow = PolicyEngine(
+    model,
+    max_concurrent_decodes=2,
+    max_prefill_length=16,
+    max_target_length=TARGET,
+    dtype='bfloat16',
+    quantization=qw.QuantSpec('fp8'),
+    kv_cache_dtype='int8',
+  )
+  assert precision.stored_dtypes(narrow) == {
+    'param_dtype': 'float8_e4m3fn',
+    'kv_cache_dtype': 'int8',
+  }
 
 
 def test_mu_is_the_dequantized_models_logprob_per_version(run):
