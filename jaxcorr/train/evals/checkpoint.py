@@ -83,11 +83,16 @@ def load_config(workdir: str, changes: Sequence[str]) -> object:
 def _checkpoint(workdir: str, step: int | None) -> tuple[int, str]:
   """(the step to evaluate, the config string its checkpoint records: the
   `--config` `jaxcorr.main` was given); read before anything is built."""
+  from jaxcorr import console
   from jaxcorr.train.checkpoints import checkpointer
 
-  with checkpointer.Checkpointer(
-    f'{workdir}/{CHECKPOINT_DIR}', every=0, keep=1, read_only=True
-  ) as ckpt:
+  # Orbax warns that a read-only directory is read-only: what was asked.
+  with (
+    console.dropped_library_errors('is read only'),
+    checkpointer.Checkpointer(
+      f'{workdir}/{CHECKPOINT_DIR}', every=0, keep=1, read_only=True
+    ) as ckpt,
+  ):
     steps = ckpt.all_steps()
     if not steps:
       raise ValueError(f'{workdir} holds no checkpoint')
