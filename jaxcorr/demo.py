@@ -23,11 +23,12 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from configs import base as base_config
 from configs import presets
+from jaxcorr import console
 from jaxcorr.losses import advantages, objective, objective_config, rewards
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.train import build
@@ -204,4 +205,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  console.run(main)

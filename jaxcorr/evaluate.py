@@ -82,7 +82,7 @@ def main(argv: Sequence[str]) -> None:
 
 def run() -> None:
   flags.mark_flag_as_required('workdir')
-  app.run(main)
+  console.run(main)
 
 
 if __name__ == '__main__':

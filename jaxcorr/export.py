@@ -46,6 +46,7 @@ from absl import app, flags
 from etils import epath
 from flax import nnx
 
+from jaxcorr import console
 from jaxcorr.train.checkpoints.workdir import check_output_dir, read_config
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The training run directory.')
@@ -254,4 +255,4 @@ def main(argv: Sequence[str]) -> None:
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['workdir', 'out'])
-  app.run(main)
+  console.run(main)

@@ -17,7 +17,11 @@ Multi-process runs: see `jaxcorr.distributed` and docs/tpu.md.
 Exit status: 0 when `train.num_steps` were run (a re-run of a finished
 run prints "nothing to do: step N of N"); 75 (`EXIT_PREEMPTED`) when
 SIGTERM or Ctrl-C stopped the run after a checkpoint (re-run to resume);
-1 on an error. A config file that cannot be loaded, a workdir that cannot
+1 on an error. Config errors (a field's value, an override of a field the
+config does not have, a config file that cannot be loaded: printed by
+`jaxcorr.console.run`), prompts the run cannot use (too long for
+`rollout.max_prompt_length`, or text the tokenizer cannot encode, naming
+the file and line: `jaxcorr.data.prompt_check`), a workdir that cannot
 hold a run (a file, an unreadable config.json), a device layout the
 machine cannot give (`rollout.rollout_devices`, `mesh`) and a checkpoint
 save on a full disk are one line, `error: ...`, without a traceback.
@@ -37,11 +41,10 @@ from ml_collections import config_flags
 
 from jaxcorr import console
 
-_CONFIG = config_flags.DEFINE_config_file(
+_CONFIG = console.config_file_flag(
   'config',
   'configs/arith_tiny.py',
   'Config file[:config string], e.g. configs/arith_tiny.py:decoupled_geo_rs.',
-  lock_config=True,
 )
 _WORKDIR = flags.DEFINE_string(
   'workdir', None, 'Checkpoints, metrics.jsonl and TensorBoard files.'
@@ -68,20 +71,14 @@ def main(argv: Sequence[str]) -> None:
   from jaxcorr import distributed
   from jaxcorr.train import build
 
-  config = _CONFIG.value
-  try:
-    config.keys()  # a file that failed to load raises on first use
-  except OSError as e:  # a misspelt --config: one line, no traceback
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    why = lines[-1].rpartition('earlier failure to load: ')[2]
-    sys.exit(f'error: --config={_config_name(sys.argv)}: {why}')
   try:
     # Before jax.distributed, device or file work: a bad field is a usage
-    # message.
+    # error (one line: console.run).
     run = build.build(_CONFIG.value)
     distributed.initialize_from_flags()
   except ValueError as e:
     raise app.UsageError(str(e)) from e
+  from jaxcorr.data.prompt_check import PromptError
   from jaxcorr.train import preemption, setup
   from jaxcorr.train.checkpoints import workdir
   from jaxcorr.train.checkpoints.disk_full import DiskFull
@@ -92,6 +89,7 @@ def main(argv: Sequence[str]) -> None:
     workdir.WorkdirUnusable,
     workdir.ConfigUnreadable,
     setup.DeviceLayoutError,
+    PromptError,
     DiskFull,
   )
   try:
@@ -124,7 +122,7 @@ def run() -> None:
   from jaxcorr import distributed
 
   distributed.define_flags()
-  app.run(main)
+  console.run(main)
 
 
 if __name__ == '__main__':

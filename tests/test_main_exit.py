@@ -81,11 +81,22 @@ def _main(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(
-  'case', ['misspelt_config', 'workdir_is_a_file', 'rollout_devices']
+  'case',
+  [
+    'misspelt_config',
+    'workdir_is_a_file',
+    'rollout_devices',
+    'bad_field',
+    'long_prompt',
+  ],
 )
 def test_start_up_errors_are_one_line(tmp_path, case):
   afile = tmp_path / 'afile'
   afile.write_text('not a directory')
+  rows = tmp_path / 'rows.jsonl'
+  rows.write_text(
+    '{"q": "1+2=", "a": "3"}\n{"q": "%s", "a": "3"}\n' % ('11+22=' * 5)
+  )
   args, want = {
     'misspelt_config': (
       ['--config=configs/arith_tny.py', f'--workdir={tmp_path / "w"}'],
@@ -107,10 +118,36 @@ def test_start_up_errors_are_one_line(tmp_path, case):
       'error: config.rollout.rollout_devices=1000: must leave the trainer '
       'at least one of the',
     ),
+    # Was absl's usage text (the module docstring, every flag) first.
+    'bad_field': (
+      [
+        '--config=configs/arith_tiny.py:pulse',
+        '--config.train.mini_batches=7',
+        f'--workdir={tmp_path / "w"}',
+      ],
+      'error: config.train.mini_batches: invalid value 7; allowed: a divisor',
+    ),
+    # Was a traceback after the model was built (packing or not).
+    'long_prompt': (
+      [
+        '--config=configs/arith_tiny.py:pulse',
+        '--config.data.source=jsonl',
+        f'--config.data.path={rows}',
+        '--config.data.prompt_field=q',
+        '--config.data.answer_field=a',
+        '--config.data.answer_format=raw',
+        '--config.train.packing=True',
+        f'--workdir={tmp_path / "w"}',
+      ],
+      'error: 1 prompt(s) cannot be used: 1 longer than '
+      f"config.rollout.max_prompt_length=8: JSONL file '{rows}' line 2: 31 "
+      'tokens; raise the limit or remove those rows.',
+    ),
   }[case]
   proc = _main(*args)
   assert proc.returncode == 1, proc.stderr[-3000:]
   assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+  assert 'flags:' not in proc.stderr, proc.stderr[-3000:]  # no usage text
   lines = proc.stderr.splitlines()
   assert lines[-1].startswith(want), proc.stderr[-3000:]
   assert sum(line.startswith('error') for line in lines) == 1

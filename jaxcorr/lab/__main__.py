@@ -121,7 +121,5 @@ def _define_flags() -> None:
 
 
 if __name__ == '__main__':
-  from absl import app
-
   _define_flags()
-  app.run(main)
+  console.run(main)

@@ -1,5 +1,6 @@
 """`python -m jaxcorr.plan`: what a run needs per chip, from the compiler
-(a thin absl entry; the work is `jaxcorr.plan.planner.make_plan`).
+(a thin absl entry; the work is `jaxcorr.plan.planner`: `target`, then
+`compile_plan`).
 
   python -m jaxcorr.plan --model=llama3_8b --mesh=fsdp:64
   python -m jaxcorr.plan --config=configs/llama8b_fsdp.py --model=llama3_8b \\
@@ -9,6 +10,9 @@ Fakes as many CPU devices as the mesh has, compiles the run's `prepare`,
 `update` and the engine's `decode_chunk` on abstract arrays (no weights
 are allocated) and prints the per-device bytes, XLA's memory analysis and
 the collective traffic of each program (docs/tpu.md).
+
+Every flag and config field is checked before anything compiles; a bad one
+is one line, `error: ...` (`jaxcorr.console.run`), exit status 1.
 """
 
 from __future__ import annotations
@@ -16,14 +20,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from absl import app, flags
-from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
+from jaxcorr import console
+
+_CONFIG = console.config_file_flag(
   'config',
   'configs/llama8b_fsdp.py',
   'The run config (file[:config string]); its batch geometry, lengths, '
   'dtypes, remat and algorithm are what is compiled.',
-  lock_config=True,
 )
 _MODEL = flags.DEFINE_string(
   'model',
@@ -50,25 +54,30 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   import jax
 
-  from jaxcorr import console
   from jaxcorr.plan import presets
 
   console.quiet_libraries()
-  _, devices = presets.parse_mesh(_MESH.value)
+  try:
+    hbm = presets.chip_hbm(_CHIP.value)
+    _, devices = presets.parse_mesh(_MESH.value)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   # Before anything touches a backend: the pod's devices, faked on CPU.
   jax.config.update('jax_platforms', 'cpu')
   jax.config.update('jax_num_cpu_devices', devices)
   from jaxcorr.plan import planner, report
 
-  plan = planner.make_plan(
-    _CONFIG.value,
-    model=_MODEL.value,
-    mesh=_MESH.value,
-    engine_devices=_ENGINE.value,
-  )
-  hbm = {c: presets.HBM_BYTES[c] for c in _CHIP.value}
-  print(report.format_plan(plan, hbm))
+  try:
+    target = planner.target(
+      _CONFIG.value,
+      model=_MODEL.value,
+      mesh=_MESH.value,
+      engine_devices=_ENGINE.value,
+    )
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  print(report.format_plan(planner.compile_plan(target), hbm))
 
 
 if __name__ == '__main__':
-  app.run(main)
+  console.run(main)

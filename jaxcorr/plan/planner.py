@@ -1,11 +1,13 @@
 """From a config, a model preset and a mesh to a compiled `Plan`.
 
-`make_plan` applies the preset to `config.model` (a scratch model of that
+`target` applies the preset to `config.model` (a scratch model of that
 shape: nothing is read from disk), sets `config.mesh`, validates the run
-with `jaxcorr.train.build.build` like `jaxcorr.main` does, builds the
+with `jaxcorr.train.build.build` like `jaxcorr.main` does, and builds the
 trainer's mesh and the engine's (each process's engine runs on its host's
-chips, `jaxcorr.train.setup.make_meshes`) from the first devices, and
-compiles the programs (`plan.programs.plan_programs`).
+chips, `jaxcorr.train.setup.make_meshes`) from the first devices: every
+user error is found there, before the minutes of compiling.
+`compile_plan` compiles the programs (`plan.programs.plan_programs`);
+`make_plan` is both.
 
 The devices are fake CPU devices (`jax_num_cpu_devices`, set by the
 command before JAX starts): XLA partitions for the mesh shape, not for the
@@ -16,6 +18,8 @@ not the TPU compiler's (docs/tpu.md).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import ml_collections
 
@@ -24,6 +28,7 @@ from jaxcorr.plan import presets
 from jaxcorr.plan.programs import Plan, plan_programs
 from jaxcorr.train import build
 from jaxcorr.train.policy import transformer_config
+from jaxcorr.train.run_config import RunConfig
 
 
 def apply_model(config: ml_collections.ConfigDict, model: str) -> None:
@@ -41,16 +46,27 @@ def apply_model(config: ml_collections.ConfigDict, model: str) -> None:
       config.model[k] = v
 
 
-def make_plan(
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """A validated run and the meshes its programs compile for."""
+
+  run: RunConfig
+  train_mesh: jax.sharding.Mesh
+  engine_mesh: jax.sharding.Mesh
+
+
+def target(
   config: ml_collections.ConfigDict,
   *,
   model: str,
   mesh: str,
   engine_devices: int,
-) -> Plan:
-  """Compile `config`'s programs for `model` on `mesh` ('fsdp:64'), the
-  engine on `engine_devices` chips (0: the trainer's mesh, as in a
-  single-process run). Needs as many devices as the mesh has."""
+) -> Target:
+  """`config` with preset `model` on `mesh` ('fsdp:64'), validated, and
+  the meshes: the engine on `engine_devices` chips (0: the trainer's mesh,
+  as in a single-process run). Every ValueError is the user's (a field, a
+  flag), raised before anything compiles. Needs as many devices as the
+  mesh has."""
   mesh_config, n = presets.parse_mesh(mesh)
   apply_model(config, model)
   with config.unlocked():
@@ -70,6 +86,24 @@ def make_plan(
     engine_mesh = sharding.make_mesh(
       sharding.MeshConfig(1, -1, 1), devices=devices[:engine_devices]
     )
+  return Target(run, train_mesh, engine_mesh)
+
+
+def compile_plan(t: Target) -> Plan:
+  """The `Plan` of a `target`: its programs compiled."""
   return plan_programs(
-    run, transformer_config(run.model), train_mesh, engine_mesh
+    t.run, transformer_config(t.run.model), t.train_mesh, t.engine_mesh
+  )
+
+
+def make_plan(
+  config: ml_collections.ConfigDict,
+  *,
+  model: str,
+  mesh: str,
+  engine_devices: int,
+) -> Plan:
+  """`compile_plan(target(...))`."""
+  return compile_plan(
+    target(config, model=model, mesh=mesh, engine_devices=engine_devices)
   )

@@ -59,6 +59,19 @@ HBM_BYTES: dict[str, int] = {
 }
 """HBM per chip (cloud.google.com/tpu/docs: v4, v5e, v5p, v6e)."""
 
+
+def chip_hbm(chips: list[str]) -> dict[str, int]:
+  """`--chip` names -> their HBM bytes; ValueError naming the known chips
+  (checked before anything compiles)."""
+  unknown = [c for c in chips if c not in HBM_BYTES]
+  if unknown or not chips:
+    raise ValueError(
+      f'--chip={",".join(chips)}: unknown chip {", ".join(unknown) or "(none)"}'
+      f'; allowed: a comma-separated list of {", ".join(HBM_BYTES)}'
+    )
+  return {c: HBM_BYTES[c] for c in chips}
+
+
 CHIPS_PER_HOST = 4
 """Chips per host of a multi-host v4 / v5p / v5e / v6e slice: what each
 process's engine samples on (jaxcorr/train/setup.py `make_meshes`)."""

@@ -4,6 +4,9 @@ fake devices; the abstract state is placed exactly as a real run's."""
 from __future__ import annotations
 
 import math
+import pathlib
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -16,6 +19,8 @@ from jaxcorr.plan.programs import device_bytes
 from jaxcorr.train import build, setup
 from jaxcorr.train.policy import build_policy, transformer_config
 from tests.helpers.trainer_config import pulse_config
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _tiny():
@@ -85,3 +90,21 @@ def test_presets_and_mesh_syntax():
   # scales are not.
   norms = (2 * 32 + 1) * 4096
   assert device_bytes(params) == (count - norms) * 4 // 8 + norms * 4
+
+
+def test_an_unknown_chip_is_one_line_before_compiling():
+  """`--chip=v7x` was a KeyError traceback after the whole compile: now
+  it is checked first and the error lists the known chips."""
+  proc = subprocess.run(
+    [sys.executable, '-m', 'jaxcorr.plan', '--chip=v5p,v7x', '--mesh=fsdp:4'],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  assert proc.stderr.strip().splitlines() == [
+    'error: --chip=v5p,v7x: unknown chip v7x; allowed: a comma-separated '
+    'list of v4, v5e, v5p, v6e'
+  ]
+  assert presets.chip_hbm(['v5p']) == {'v5p': presets.HBM_BYTES['v5p']}
