@@ -323,22 +323,24 @@ class Transformer(nnx.Module):
         j += 1
     return x, None, stack_stats(stats) if stats else None
 
+  def layer_list(self) -> list:
+    """The layers as a list of modules (a scanned stack sliced per layer)."""
+    if not self.config.scan_layers:
+      return list(self.layers)
+    graphdef, state = nnx.split(self.layers)
+    return [
+      nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
+      for i in range(self.config.num_layers)
+    ]
+
   def _cached_layers(
     self, x, rope, mask, kv, index, attend_len, replay=None, token_mask=None
   ):
     """Decoding: an unrolled loop over layers, each with its own cache
     arrays, so every write lands in place (no remat: nothing to
     differentiate)."""
-    if self.config.scan_layers:
-      graphdef, state = nnx.split(self.layers)
-      layers = [
-        nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
-        for i in range(self.config.num_layers)
-      ]
-    else:
-      layers = list(self.layers)
     new_k, new_v, stats = [], [], []
-    for layer, k, v in zip(layers, *kv):
+    for layer, k, v in zip(self.layer_list(), *kv):
       rep = None
       if isinstance(layer, MoEDecoderLayer) and replay is not None:
         rep = replay[:, :, len(stats)]

@@ -30,6 +30,11 @@ trace exactly the code they always did.
 Attention in a step covers the first `attend_len` cache slots only (a
 static bucket >= the longest live row): the seam where a ragged / paged
 attention kernel would go (docs/rollout.md).
+
+Exact mode (`exact_extent` > 0, the cache length; `rollout.exact`): prefill,
+step and refill run `jaxcorr.model.exact` instead (fixed token tiles,
+attention over every cache slot), tokens are drawn from its logits and
+logp_full is its log-softmax: the bits the trainer's exact scoring gives.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from flax import nnx
 
 from jaxcorr import sampling
 from jaxcorr.model import KVCache
+from jaxcorr.model import exact as exact_lib
 from jaxcorr.model.logprobs import replay_logprobs
 from jaxcorr.model.moe import NO_EXPERT, routing_shape
 from jaxcorr.model.quantized_cache import QuantizedKV
@@ -83,6 +89,34 @@ def sample_rows(keys, logits, sp, kept_capacity: int = 0):
   return tok, lp, lpt, kept
 
 
+def sample_exact(keys, model, hidden, sp):
+  """`sample_rows` for exact mode: hidden [N, D] (before the final norm)
+  -> the same outputs (no kept set), the token drawn from z = logits / τ
+  of `exact_logits` and logp_full = z[y] - logsumexp(z), bit for bit the
+  trainer's (`exact_token_logprobs`); logp_truncated keeps the sampler's
+  log of the kept mass on top of it."""
+  z, lse = exact_lib.exact_logits(model, hidden, sp[:, 0])
+  unit = sp.at[:, 0].set(1.0)  # z is already divided by τ
+  tok, lp, lpt, _ = sample_rows(keys, z, unit)
+  exact = jnp.take_along_axis(z, tok[:, None], axis=-1)[:, 0] - lse
+  return tok, exact, lpt - lp + exact, None
+
+
+def _exact_forward(model, tokens, store, index, extent):
+  """Exact forward of right-padded `tokens` [R, L] at positions index +
+  [0, L) of the R rows of `store` ([R, K, extent, Dh] per layer; None:
+  empty) -> (hidden [R, L, D] before the final norm, the store)."""
+  r, length = tokens.shape
+  if store is None:
+    store = exact_lib.empty_store(model.config, r, extent)
+  pos = index[:, None] + jnp.arange(length, dtype=jnp.int32)
+  row = jnp.broadcast_to(jnp.arange(r, dtype=jnp.int32)[:, None], (r, length))
+  hidden, store = exact_lib.exact_hidden(
+    model, tokens.reshape(-1), pos.reshape(-1), row.reshape(-1), store
+  )
+  return hidden.reshape(r, length, -1), store
+
+
 def init_state(
   cfg, n: int, t: int, sp_row: jax.Array, kv_dtype: Any = None
 ) -> DecodeState:
@@ -113,13 +147,31 @@ def init_state(
 
 
 def prefill(
-  graphdef, params, tokens, lengths, source, keys, sp, *, kept_capacity=0
+  graphdef,
+  params,
+  tokens,
+  lengths,
+  source,
+  keys,
+  sp,
+  *,
+  kept_capacity=0,
+  exact_extent=0,
 ) -> Prefix:
   """tokens [R, Pb] right-padded, lengths [R]; source [M], keys [M, 2],
   sp [M, 4] -> Prefix (with the first tokens' kept sets if
   `kept_capacity`)."""
   model = nnx.merge(graphdef, params)
   r, pb = tokens.shape
+  step0 = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, 0)
+  if exact_extent:
+    zero = jnp.zeros((r,), jnp.int32)
+    hidden, (k, v) = _exact_forward(model, tokens, None, zero, exact_extent)
+    last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)
+    tok, lp, lpt, _ = sample_exact(step0, model, last[source, 0], sp)
+    cut = lambda x: tuple(c[:, :, :pb] for c in x)  # noqa: E731
+    cache = KVCache(k=cut(k), v=cut(v), segment_ids=None, index=lengths)
+    return Prefix(cache, source, tok, lp, lpt, keys, sp)
   cache = model.init_cache(r, pb)
   cache = cache.replace(segment_ids=None)
   # Causal attention: the right padding after a prompt's last token changes
@@ -127,7 +179,6 @@ def prefill(
   hidden, cache, stats = model.routed_hidden_states(tokens, cache=cache)
   last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)
   logits = model.logits(last)[:, 0]  # [R, V] float32
-  step0 = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, 0)
   tok, lp, lpt, kept = sample_rows(step0, logits[source], sp, kept_capacity)
   cache = cache.replace(index=lengths)
   routing = None if stats is None else stats.experts[source]
@@ -171,7 +222,9 @@ def insert(prefix, state, slots, limit, stop_ids) -> DecodeState:
   )
 
 
-def refill(graphdef, params, state, context, live) -> DecodeState:
+def refill(
+  graphdef, params, state, context, live, exact_extent=0
+) -> DecodeState:
   """context [N, L] right-padded (each live slot's prompt and sampled
   tokens but the newest, which has no cache entry yet: `cache.index`
   tokens), live [N] bool -> the state with those slots' cache positions
@@ -181,8 +234,14 @@ def refill(graphdef, params, state, context, live) -> DecodeState:
   invisible to the real positions, and decoding overwrites it."""
   model = nnx.merge(graphdef, params)
   n, length = context.shape
-  fresh = model.init_cache(n, length).replace(segment_ids=None)
-  _, fresh = model.hidden_states(context, cache=fresh)
+  if exact_extent:
+    zero = jnp.zeros((n,), jnp.int32)
+    _, (k, v) = _exact_forward(model, context, None, zero, exact_extent)
+    cut = lambda x: tuple(c[:, :, :length] for c in x)  # noqa: E731
+    fresh = KVCache(k=cut(k), v=cut(v), segment_ids=None, index=None)
+  else:
+    fresh = model.init_cache(n, length).replace(segment_ids=None)
+    _, fresh = model.hidden_states(context, cache=fresh)
   keep = live[:, None, None, None]
 
   def put(dst, new):
@@ -206,20 +265,39 @@ def _is_stop(tokens, stop_ids):
   return jnp.any(tokens[:, None] == stop_ids[None, :], axis=1)
 
 
-def step(graphdef, params, state, advance, attend_len=None, kept_capacity=0):
+def step(
+  graphdef,
+  params,
+  state,
+  advance,
+  attend_len=None,
+  kept_capacity=0,
+  exact_extent=0,
+):
   """One token for every slot. advance [N] bool: the slots whose position,
   step count and last token move on (others compute and are ignored).
 
   Returns (state, token [N], logp [N], logp_truncated [N], kept: a
   `KeptSet` [N] or None, see `sample_rows`, routing: the fed tokens'
-  experts [N, L_moe, k] or None for a dense policy)."""
+  experts [N, L_moe, k] or None for a dense policy). In exact mode the
+  step attends over the whole cache (`attend_len` unused)."""
   model = nnx.merge(graphdef, params)
-  hidden, cache, stats = model.routed_hidden_states(
-    state.tokens[:, None], cache=state.cache, attend_len=attend_len
-  )
-  logits = model.logits(hidden)[:, 0]  # [N, V] float32
   keys = jax.vmap(jax.random.fold_in)(state.keys, state.steps)
-  tok, lp, lpt, kept = sample_rows(keys, logits, state.sampling, kept_capacity)
+  if exact_extent:
+    cache, stats = state.cache, None
+    hidden, (k, v) = _exact_forward(
+      model, state.tokens[:, None], (cache.k, cache.v), cache.index, 0
+    )
+    cache = cache.replace(k=k, v=v)
+    tok, lp, lpt, kept = sample_exact(keys, model, hidden[:, 0], state.sampling)
+  else:
+    hidden, cache, stats = model.routed_hidden_states(
+      state.tokens[:, None], cache=state.cache, attend_len=attend_len
+    )
+    logits = model.logits(hidden)[:, 0]  # [N, V] float32
+    tok, lp, lpt, kept = sample_rows(
+      keys, logits, state.sampling, kept_capacity
+    )
   step_on = advance.astype(jnp.int32)
   state = state.replace(
     cache=cache.replace(index=state.cache.index + step_on),
@@ -240,6 +318,7 @@ def decode_chunk(
   num_steps,
   attend_len,
   kept_capacity=0,
+  exact_extent=0,
 ):
   """Up to `num_steps` decode steps on device. Leaves the loop early once
   at most `exit_active` slots are still active (0: when all are done).
@@ -273,7 +352,7 @@ def decode_chunk(
     state, buf, c = carry
     live = state.active
     state, tok, lp, lpt, kept, routing = step(
-      graphdef, params, state, live, attend_len, kept_capacity
+      graphdef, params, state, live, attend_len, kept_capacity, exact_extent
     )
     new = (tok, lp, lpt)
     if kept is not None:
@@ -305,13 +384,15 @@ def decode_chunk(
 
 
 def generate(
-  graphdef, params, state
+  graphdef, params, state, exact_extent=0
 ) -> tuple[DecodeState, LogProbResultTokens]:
   """JetStream's `generate`: one `step` of every slot, the token, its
   validity, the step count and both log-probs (bitcast to int32) in one
   `LogProbResultTokens` array (one host copy)."""
   advance = jnp.ones_like(state.active)
-  state, tok, lp, lpt, _, _ = step(graphdef, params, state, advance)
+  state, tok, lp, lpt, _, _ = step(
+    graphdef, params, state, advance, exact_extent=exact_extent
+  )
   n = tok.shape[0]
   bits = jax.lax.bitcast_convert_type(jnp.stack([lp, lpt], 1), jnp.int32)
   data = jnp.concatenate(
@@ -348,18 +429,21 @@ class Programs(NamedTuple):
   graphdef: nnx.GraphDef
 
 
-def jit_programs(graphdef: nnx.GraphDef, kept_capacity: int) -> Programs:
-  """The functions above over one model graph. `kept_capacity` is static:
-  replay on or off is one compilation per engine, never per call."""
-  g, kept = graphdef, kept_capacity
+def jit_programs(
+  graphdef: nnx.GraphDef, kept_capacity: int, exact_extent: int = 0
+) -> Programs:
+  """The functions above over one model graph. `kept_capacity` and
+  `exact_extent` (0: off; else the cache length) are static: replay or
+  exact mode on or off is one compilation per engine, never per call."""
+  g, kept, ex = graphdef, kept_capacity, dict(exact_extent=exact_extent)
   return Programs(
-    prefill=jax.jit(functools.partial(prefill, g, kept_capacity=kept)),
+    prefill=jax.jit(functools.partial(prefill, g, kept_capacity=kept, **ex)),
     insert=jax.jit(insert, donate_argnums=(1,)),
-    generate=jax.jit(functools.partial(generate, g), donate_argnums=(1,)),
+    generate=jax.jit(functools.partial(generate, g, **ex), donate_argnums=(1,)),
     compact=jax.jit(take_rows),
-    refill=jax.jit(functools.partial(refill, g), donate_argnums=(1,)),
+    refill=jax.jit(functools.partial(refill, g, **ex), donate_argnums=(1,)),
     chunk=jax.jit(
-      functools.partial(decode_chunk, g, kept_capacity=kept),
+      functools.partial(decode_chunk, g, kept_capacity=kept, **ex),
       donate_argnums=(1,),
       static_argnames=('num_steps', 'attend_len'),
     ),

@@ -90,6 +90,9 @@ class PolicyEngine(engine_api.Engine):
       (`rollout/adapter_weights.py`, merged or not as it says).
     quantization, kv_cache_dtype: narrow weights (a `QuantSpec`) and KV
       cache ('int8', 'fp8'); None: `dtype` (`rollout/precision.py`).
+    exact: exact mode (`jaxcorr.model.exact`): each token's log-prob does
+      not depend on the batch, the slot or prefill vs decode, and equals the
+      trainer's exact scoring bit for bit; not with quantization.
   """
 
   def __init__(
@@ -110,7 +113,13 @@ class PolicyEngine(engine_api.Engine):
     lora: LoraConfig | None = None,
     quantization: QuantSpec | None = None,
     kv_cache_dtype: str | None = None,
+    exact: bool = False,
   ):
+    if exact and quantization is not None:
+      raise ValueError(
+        'exact=True needs unquantized engine weights (quantization=None): '
+        "narrow weights cannot give the trainer's log-probs"
+      )
     cfg = model.config
     if dtype is not None:
       cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
@@ -124,9 +133,12 @@ class PolicyEngine(engine_api.Engine):
       kept_capacity=kept_set_capacity,
       mesh=mesh,
       kv_dtype=precision.kv_storage_dtype(kv_cache_dtype),
+      exact=exact,
     )
     graphdef, self.weights = _weights(cfg, model, mesh, lora, quantization)
-    self.programs = decode.jit_programs(graphdef, kept_set_capacity)
+    self.programs = decode.jit_programs(
+      graphdef, kept_set_capacity, self.layout.exact_extent
+    )
     self.requests = RequestDecoding(
       self.layout,
       self.programs,

@@ -5,6 +5,7 @@
     slots             N decode slots; max_target_length T cache positions each
     prefill buckets   prompts pad to 16, 32, ... up to max_prefill_length
     attend buckets    decode attends over min_attend_bucket, 2x, ... up to T
+                      (exact mode: always all T, jaxcorr/model/exact.py)
     chunk_steps       most decode steps per `decode_chunk` dispatch
     kept_capacity     C of the recorded kept sets (0: none)
     mesh              where the engine's inputs are replicated
@@ -70,8 +71,16 @@ class Layout:
   # The KV cache's storage dtype (None: the model's; int8 / fp8: narrow
   # values with per-token scales, jaxcorr/model/quantized_cache.py).
   kv_dtype: Any = None
+  # Exact mode (`rollout.exact`): batch-invariant prefill and decode.
+  exact: bool = False
 
   def __post_init__(self):
+    kv = self.kv_dtype
+    if self.exact and kv is not None and kv != self.config.dtype:
+      raise ValueError(
+        f'exact=True with kv_cache_dtype={jnp.dtype(kv).name}: exact mode '
+        "needs the cache in the engine dtype (kv_cache_dtype='model')"
+      )
     if self.kv_dtype is not None:
       kv, model = jnp.dtype(self.kv_dtype), jnp.dtype(self.config.dtype)
       if kv.itemsize > model.itemsize:
@@ -105,6 +114,8 @@ class Layout:
   @property
   def attend_buckets(self) -> tuple[int, ...]:
     """Attention windows of a decode step: one compilation each."""
+    if self.exact:  # every step attends over the whole cache
+      return (self.max_target,)
     lo = min(self.min_attend_bucket, self.max_target)
     return pow2_buckets(lo, self.max_target)
 
@@ -143,3 +154,9 @@ class Layout:
       self.kv_dtype,
     )
     return self.replicate(state)[0]
+
+  @property
+  def exact_extent(self) -> int:
+    """The key extent of exact mode's attention (the cache length), or 0
+    when exact mode is off."""
+    return self.max_target if self.exact else 0

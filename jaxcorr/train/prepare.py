@@ -4,7 +4,8 @@ that is computed once on the global batch, before it is split.
     old log-probs   decoupled mode: the trainer's forward pass with the
                     pre-update params (bypass: π_old is μ, skipped; with
                     rollout.matched_precision the engine's quantized
-                    weights, dequantized); with
+                    weights, dequantized; with rollout.exact the exact
+                    forward over the unpacked rows); with
                     `moe.router_replay='old'` also its routing (R2)
     ref log-probs   when a reference KL is configured
     values          the critic's, when it is enabled
@@ -98,6 +99,10 @@ def prepare(
       # R2: π_old's own routing, replayed by every update micro-batch.
       old_logp, experts = scoring.in_chunks(routed_logp, old, batch, chunks)
       batch = batch.replace(old_logp=sg(old_logp), old_experts=experts)
+    elif run.rollout.exact:
+      exact = functools.partial(scoring.exact_logp, run, graphdef)
+      old_logp = scoring.in_chunks(exact, old, batch, chunks)
+      batch = batch.replace(old_logp=sg(old_logp))
     else:
       batch = batch.replace(old_logp=policy_logp(old))
   if run.needs_ref:

@@ -21,9 +21,11 @@ from flax import nnx
 
 from jaxcorr import sampling
 from jaxcorr.model import logprobs_from_hidden, token_logprobs
+from jaxcorr.model.exact import exact_token_logprobs
 from jaxcorr.model.layers import matmul_precision
 from jaxcorr.model.lora import enable_dropout
 from jaxcorr.train.batch import TrainBatch
+from jaxcorr.train.rollouts.stage import engine_length
 from jaxcorr.train.run_config import RunConfig
 
 
@@ -81,6 +83,24 @@ def response_logp(
   else:
     out, stats = _dense_logp(run, model, batch, entropy), None
   return (out, stats) if routing else out
+
+
+def exact_logp(
+  run: RunConfig, graphdef: Any, params: Any, batch: TrainBatch
+) -> jax.Array:
+  """π_old `[B, T]` under `rollout.exact`: `exact_token_logprobs` over the
+  batch's rows (one sequence each, packed or not in the update), keys
+  over the engine's cache length: the engine's μ bit for bit at the same
+  params and dtype."""
+  model = nnx.merge(graphdef, params)
+  logp = exact_token_logprobs(
+    model,
+    batch.tokens,
+    batch.segment_ids,
+    batch.temperature,
+    engine_length(run),
+  )
+  return at_response(logp, batch)
 
 
 def _dense_logp(run: RunConfig, model: Any, batch: TrainBatch, entropy: bool):

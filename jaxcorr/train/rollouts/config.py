@@ -134,6 +134,14 @@ class RolloutConfig:
     '(fake-quant forward in prepare) instead of the trainer precision, '
     'removing the weight part of the gap instead of correcting it.',
   )
+  exact: bool = setting(
+    False,
+    boolean,
+    "Exact mode: the engine's log-probs equal the trainer's π_old bit for "
+    'bit whatever the batch, slot or prompt length (fixed token tiles, '
+    'attention over the whole cache: docs/rollout.md "Exact mode"); '
+    "unquantized engines, logprob_mode='full', dense policies.",
+  )
   mode: str = setting(
     'sync',
     one_of('sync', 'async', 'stream'),
@@ -209,6 +217,7 @@ class RolloutConfig:
   def __post_init__(self):
     p = validate(self)
     self._check_precision(p)
+    self._check_exact(p)
     if self.mode != 'sync' and self.max_staleness is None:
       fail(
         f'{p}.max_staleness',
@@ -271,6 +280,23 @@ class RolloutConfig:
         kv,
         f"no wider than engine_dtype={self.engine_dtype!r} ('model', a "
         "narrower float, 'int8' or 'fp8')",
+      )
+
+  def _check_exact(self, p: str) -> None:
+    """Settings exact mode cannot make bit-equal fail at config time."""
+    if not self.exact:
+      return
+    for name, ok, allowed in (
+      ('quantization', 'none', "'none' (narrow weights differ by design)"),
+      ('logprob_mode', 'full', "'full' (the exact log-softmax)"),
+    ):
+      if getattr(self, name) != ok:
+        fail(f'{p}.{name}', getattr(self, name), f'{allowed} with {p}.exact')
+    if self.kv_cache_dtype not in ('model', self.engine_dtype):
+      fail(
+        f'{p}.kv_cache_dtype',
+        self.kv_cache_dtype,
+        f"'model' with {p}.exact (the cache in engine_dtype)",
       )
 
   @property

@@ -71,6 +71,15 @@ class Scored:
 _REWARD_COUNTS = ('reward/failures', 'reward/timeouts')
 
 
+def engine_length(run: RunConfig) -> int:
+  """The engine's cache length: prompt + response (+ the agents'
+  headroom); exact mode's attention extent in the trainer too."""
+  r = run.rollout
+  return (
+    r.max_prompt_length + r.max_new_tokens + episodes.engine_headroom(run.agent)
+  )
+
+
 def make_engine(run: RunConfig, policy: Any, mesh: Any) -> PolicyEngine:
   """The rollout engine for `policy` (a module) on `mesh`."""
   r = run.rollout
@@ -81,9 +90,7 @@ def make_engine(run: RunConfig, policy: Any, mesh: Any) -> PolicyEngine:
     max_prefill_length=episodes.engine_prefill(
       run.agent, r.max_prompt_length, r.max_new_tokens
     ),
-    max_target_length=r.max_prompt_length
-    + r.max_new_tokens
-    + episodes.engine_headroom(run.agent),
+    max_target_length=engine_length(run),
     mesh=mesh,
     dtype=jnp.dtype(r.engine_dtype),
     # A set can never be wider than the vocabulary.
@@ -95,6 +102,7 @@ def make_engine(run: RunConfig, policy: Any, mesh: Any) -> PolicyEngine:
     lora=run.lora,
     quantization=quant_spec(r),
     kv_cache_dtype=r.kv_cache_dtype,
+    exact=r.exact,
   )
 
 

@@ -1,0 +1,229 @@
+"""Exact mode: a batch- and position-invariant forward, so the rollout engine's
+per-token log-probs equal the trainer's bit for bit (`rollout.exact`,
+docs/rollout.md "Exact mode").
+
+Why the two differ otherwise: a matmul's per-row result depends on how many
+rows it has (XLA:CPU picks the GEMM blocking, hence the order of the sums
+over the contracted axis, from the shape), and decoding runs N slots x 1
+token where the trainer runs B x L tokens; attention over a cache bucket sums
+over another key extent than attention over the whole row.
+
+What this module does instead, for every token whatever its batch:
+
+    token-wise ops     every projection, norm, RoPE and the head run on
+                       fixed tiles of `TILE` tokens (`token_tiles`: the
+                       tokens flattened, padded to a multiple of TILE, a
+                       `lax.map` over [TILE, ...] pieces), so each token's
+                       row goes through the same GEMM shape, at any row of
+                       a tile (checked for M in 1..512, fp32 and bf16);
+    attention          each query reads its own sequence's keys from a
+                       per-row store [R, K, S, Dh] where position j sits at
+                       key index j, S fixed (the engine's cache length);
+                       masked keys get exact zeros, softmax over all S;
+                       queries in tiles of TILE as above;
+    log-softmax        logits / τ and their logsumexp inside the head tile,
+                       float32 (`exact_logits`).
+
+The engine (jaxcorr/rollout/decode.py) decodes with `exact_hidden` over its
+cache and samples from `exact_logits`; the trainer scores with
+`exact_token_logprobs` over stores of the same extent. The cost: token-wise
+work padded to whole tiles and attention over all S keys for every query
+(no `attend_len` bucket).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxcorr.model.layers import (
+  apply_rope,
+  matmul_precision,
+  rope_frequencies,
+  rope_tables,
+)
+from jaxcorr.model.quantized_weights import embed_rows, project
+from jaxcorr.model.transformer import mask_padded_vocab
+
+TILE = 32
+"""Tokens per tile: every token-wise GEMM of exact mode is [TILE, D] x [D, F]."""
+
+_NEG_INF = float(np.finfo(np.float32).min)
+
+Store = tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]
+"""Per-layer keys and values, (k, v), each a tuple of L arrays [R, K, S, Dh]:
+row r's position j at key index j (the engine's cache layout)."""
+
+
+def token_tiles(fn: Callable[..., Any], *xs: jax.Array, tile: int = TILE):
+  """`fn` over `xs` ([M, ...] each) in [tile, ...] pieces, M padded with
+  zeros to a multiple of `tile` (the padding rows' outputs are cut): each
+  row's result does not depend on M or on where the row sits."""
+  m = xs[0].shape[0]
+  n = -(-m // tile)
+
+  def split(x):
+    x = jnp.pad(x, ((0, n * tile - m),) + ((0, 0),) * (x.ndim - 1))
+    return x.reshape(n, tile, *x.shape[1:])
+
+  out = jax.lax.map(lambda t: fn(*t), tuple(split(x) for x in xs))
+  return jax.tree.map(lambda y: y.reshape(n * tile, *y.shape[2:])[:m], out)
+
+
+def empty_store(cfg: Any, rows: int, extent: int) -> Store:
+  """Zero keys/values for `rows` sequences of `extent` positions."""
+  shape = (rows, cfg.num_kv_heads, extent, cfg.head_dim)
+  zeros = tuple(jnp.zeros(shape, cfg.dtype) for _ in range(cfg.num_layers))
+  return zeros, zeros
+
+
+def _qkv(layer: Any, inv_freq: np.ndarray):
+  """Tile fn: (x [t, D], pos [t]) -> q [t, H, Dh], k, v [t, K, Dh]."""
+
+  def fn(x, pos):
+    attn = layer.attn
+    h = layer.attn_norm(x[None])
+    q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+    if attn.q_norm is not None:
+      q, k = attn.q_norm(q), attn.k_norm(k)
+    rope = rope_tables(pos[None], inv_freq)
+    return apply_rope(q, rope)[0], apply_rope(k, rope)[0], v[0]
+
+  return fn
+
+
+def _attend(keys: jax.Array, values: jax.Array, precision: Any):
+  """Tile fn: (q [t, H, Dh], pos [t], row [t]) -> [t, H, Dh], each query
+  over its row's keys at indices <= pos, all S of them scored."""
+
+  def fn(q, pos, row):
+    k = jnp.take(keys, row, axis=0, mode='clip').astype(q.dtype)
+    v = jnp.take(values, row, axis=0, mode='clip').astype(q.dtype)
+    t, h, dh = q.shape
+    kv = k.shape[1]
+    q = q.reshape(t, kv, h // kv, dh)
+    scores = jnp.einsum(
+      'tkgd,tksd->tkgs',
+      q,
+      k,
+      precision=precision,
+      preferred_element_type=jnp.float32,
+    )
+    keep = jnp.arange(k.shape[2]) <= pos[:, None]  # [t, S]
+    scores = jnp.where(keep[:, None, None], scores * (dh**-0.5), _NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum(
+      'tkgs,tksd->tkgd', probs.astype(v.dtype), v, precision=precision
+    )
+    return out.reshape(t, h, dh)
+
+  return fn
+
+
+def _residual(layer: Any):
+  """Tile fn: (x [t, D], attention out [t, H, Dh]) -> the layer's output."""
+
+  def fn(x, o):
+    x = x[None] + layer.attn.o_proj(o[None])
+    return (x + layer.mlp(layer.mlp_norm(x)))[0]
+
+  return fn
+
+
+def _layer(layer, x, pos, row, kv, inv_freq, precision):
+  """One decoder layer over tokens [M]; writes their k/v into the store
+  (rows >= R are dropped: padding tokens) before attending."""
+  if not hasattr(layer, 'mlp'):
+    raise ValueError(
+      'rollout.exact supports dense policies only (an MoE layer has no '
+      'exact path yet); set config.rollout.exact=False'
+    )
+  q, k, v = token_tiles(_qkv(layer, inv_freq), x, pos)
+  keys, values = (
+    s.at[row, :, pos].set(new.astype(s.dtype), mode='drop')
+    for s, new in zip(kv, (k, v))
+  )
+  o = token_tiles(_attend(keys, values, precision), q, pos, row)
+  return token_tiles(_residual(layer), x, o), (keys, values)
+
+
+def exact_hidden(
+  model: Any, tokens: jax.Array, pos: jax.Array, row: jax.Array, kv: Store
+) -> tuple[jax.Array, Store]:
+  """tokens, pos, row [M] (a token, its position in its sequence, its
+  sequence's row of the store; row >= R: padding, neither stored nor
+  read) -> (hidden [M, D] before the final norm, the store with every
+  token's keys/values written)."""
+  cfg = model.config
+  inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+  precision = matmul_precision(cfg)
+  x = embed_rows(model.embed.get_value(), tokens, cfg.dtype)
+  new_k, new_v = [], []
+  for layer, k, v in zip(model.layer_list(), *kv):
+    x, (k, v) = _layer(layer, x, pos, row, (k, v), inv_freq, precision)
+    new_k.append(k)
+    new_v.append(v)
+  return x, (tuple(new_k), tuple(new_v))
+
+
+def exact_logits(
+  model: Any, hidden: jax.Array, temperature: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """hidden [M, D] (before the final norm), temperature [M] -> (z [M, V] =
+  logits / τ float32, logsumexp(z) [M]): log q(y) = z[y] - lse, the same
+  bits whoever asks (the engine samples from z)."""
+  cfg = model.config
+  head = model.embed if model.lm_head is None else model.lm_head
+
+  def fn(h, temp):
+    logits = project(
+      'bsd,vd->bsv',
+      model.final_norm(h[None]),
+      head.get_value(),
+      cfg.dtype,
+      precision=matmul_precision(cfg),
+      preferred_element_type=jnp.float32,
+    )[0]
+    z = mask_padded_vocab(logits, cfg.real_vocab_size) / temp[:, None]
+    return z, jax.nn.logsumexp(z, axis=-1)
+
+  return token_tiles(fn, hidden, temperature.astype(jnp.float32))
+
+
+def exact_token_logprobs(
+  model: Any,
+  tokens: jax.Array,
+  segment_ids: jax.Array,
+  temperature: jax.Array,
+  extent: int,
+) -> jax.Array:
+  """The trainer's side: log q(tokens[:, i + 1] | ...) [B, L - 1] of rows
+  `tokens` [B, L] whose real tokens have `segment_ids` != 0 (one sequence
+  per row, prompts possibly left-padded), temperature [B], over stores of
+  `extent` positions (the engine's cache length). Off-segment positions
+  hold garbage."""
+  b, length = tokens.shape
+  real = segment_ids != 0
+  pos = jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1
+  if length > extent:
+    raise ValueError(
+      f'rows of {length} tokens exceed the exact extent {extent}'
+    )
+  row = jnp.where(real, jnp.arange(b, dtype=jnp.int32)[:, None], b)
+  flat = lambda x: x.reshape(-1)  # noqa: E731
+  hidden, _ = exact_hidden(
+    model,
+    flat(tokens),
+    flat(jnp.maximum(pos, 0)),
+    flat(row),
+    empty_store(model.config, b, extent),
+  )
+  temp = jnp.broadcast_to(temperature[:, None], (b, length))
+  z, lse = exact_logits(model, hidden, flat(temp))
+  nxt = flat(jnp.pad(tokens[:, 1:], ((0, 0), (0, 1))))
+  logp = jnp.take_along_axis(z, nxt[:, None], axis=-1)[:, 0] - lse
+  return logp.reshape(b, length)[:, :-1]

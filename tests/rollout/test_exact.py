@@ -1,0 +1,167 @@
+"""Exact mode (`rollout.exact`, jaxcorr/model/exact.py): the engine's μ equals
+the trainer's π_old bit for bit (`np.array_equal`) on every response token,
+whatever the slot count, the submission order, the prompt lengths, the
+decode chunk and prefill vs decode; the tokens are drawn from those logits.
+
+The trainer's side is the real one: `batch.assemble` lays the rows out
+(left-padded prompts), `scoring.exact_logp` scores them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxcorr.model import exact as exact_lib
+from jaxcorr.rollout import driver
+from jaxcorr.rollout.engine import PolicyEngine
+from jaxcorr.train import batch as batch_lib
+from jaxcorr.train import build, scoring
+from tests.helpers.model_testing import random_model, tiny_config
+from tests.helpers.trainer_config import pulse_config
+
+PROMPTS = [[3, 4, 5], list(range(10, 24)), [7], [9] * 9, [20, 21, 22, 23]]
+_PF, _NEW = 16, 10
+_TL = _PF + _NEW
+
+
+def _run(dtype):
+  """A RunConfig whose engine has the test engine's cache length."""
+  c = pulse_config()
+  c.rollout.exact = True
+  c.rollout.engine_dtype = dtype
+  c.rollout.max_prompt_length = _PF
+  c.rollout.max_new_tokens = _NEW
+  return build.build(c)
+
+
+@functools.cache
+def _model(dtype):
+  cfg = tiny_config(dtype=jnp.dtype(dtype), param_dtype=jnp.dtype(dtype))
+  return random_model(cfg)
+
+
+@functools.cache
+def _engine(dtype, slots, chunk=4):
+  """One engine per setting for the whole module (each compiles its own
+  programs: ~15 s on a busy CPU)."""
+  return PolicyEngine(
+    _model(dtype),
+    max_concurrent_decodes=slots,
+    max_prefill_length=_PF,
+    max_target_length=_TL,
+    decode_chunk=chunk,
+    exact=True,
+  )
+
+
+def _generate(engine, prompts, **kw):
+  return driver.generate(
+    engine,
+    prompts,
+    num_samples=2,
+    max_new_tokens=_NEW,
+    temperature=0.8,
+    seed=5,
+    **kw,
+  )
+
+
+def _trainer_logp(dtype, rollouts):
+  """π_old [B, T] of the rollouts, the trainer's way (assemble + score)."""
+  run = _run(dtype)
+  tb = batch_lib.assemble(
+    rollouts,
+    np.zeros(rollouts.batch_size, np.float32),
+    trainer_version=0,
+    max_staleness=None,
+    logprob_mode='full',
+    row_multiple=1,
+  )
+  graphdef, params = nnx.split(_model(dtype))
+  score = jax.jit(functools.partial(scoring.exact_logp, run, graphdef))
+  return np.asarray(score(params, tb)), tb.response_mask
+
+
+def _assert_exact(dtype, rollouts):
+  logp, mask = _trainer_logp(dtype, rollouts)
+  assert mask.sum() > 40 and (mask.sum(1) > 1).all()
+  assert np.array_equal(logp[mask], rollouts.rollout_logp[mask])
+
+
+def test_mu_equals_pi_old_bit_for_bit_whatever_the_slots():
+  """float32, 3 slots and chunks of 4 against 8 slots and chunks of 1:
+  the same tokens and μ; shuffled submission (other keys, other samples)
+  too; μ == π_old on every response token (the first from prefill, the
+  rest from decode steps, prompts of 1 to 14 tokens)."""
+  base = _generate(_engine('float32', 3), PROMPTS)
+  wide = _engine('float32', 8, chunk=1)
+  again = _generate(wide, PROMPTS)
+  np.testing.assert_array_equal(again.response_tokens, base.response_tokens)
+  assert np.array_equal(again.rollout_logp, base.rollout_logp)
+  shuffled = _generate(wide, [PROMPTS[i] for i in (3, 0, 4, 2, 1)])
+  for r in (base, shuffled):
+    _assert_exact('float32', r)
+
+
+def test_mu_equals_pi_old_bit_for_bit_in_bfloat16():
+  _assert_exact('bfloat16', _generate(_engine('bfloat16', 3), PROMPTS))
+
+
+@nnx.jit
+def _exact_argmax(model, tokens):
+  """Greedy tokens [B, L] of right-padded rows under the exact forward."""
+  b, length = tokens.shape
+  pos = jnp.tile(jnp.arange(length), b)
+  row = jnp.repeat(jnp.arange(b), length)
+  store = exact_lib.empty_store(model.config, b, _TL)
+  hidden, _ = exact_lib.exact_hidden(model, tokens.reshape(-1), pos, row, store)
+  z, _ = exact_lib.exact_logits(model, hidden, jnp.ones(b * length))
+  return jnp.argmax(z, axis=-1).reshape(b, length)
+
+
+def test_tokens_are_drawn_from_the_exact_logits():
+  """Greedy decoding picks the argmax of the exact logits at each position
+  (what was sampled is what μ describes)."""
+  rollouts = _generate(_engine('float32', 3), PROMPTS, top_k=1)
+  seqs = []
+  for i in range(rollouts.batch_size):
+    n = int(rollouts.response_mask[i].sum())
+    seqs.append(
+      PROMPTS[rollouts.group_id[i]] + rollouts.response_tokens[i, :n].tolist()
+    )
+  tokens = np.zeros((len(seqs), _TL), np.int32)
+  for i, seq in enumerate(seqs):
+    tokens[i, : len(seq)] = seq
+  greedy = np.asarray(_exact_argmax(_model('float32'), jnp.asarray(tokens)))
+  for i, seq in enumerate(seqs):
+    p = len(PROMPTS[rollouts.group_id[i]])
+    assert greedy[i, p - 1 : len(seq) - 1].tolist() == seq[p:], i
+
+
+def test_exact_mode_is_refused_where_it_cannot_hold():
+  model = _model('float32')
+  with pytest.raises(ValueError, match='kv_cache_dtype'):
+    PolicyEngine(
+      model,
+      max_concurrent_decodes=2,
+      max_prefill_length=_PF,
+      max_target_length=_TL,
+      kv_cache_dtype='int8',
+      exact=True,
+    )
+  for field, value in (
+    ('quantization', 'int8'),
+    ('logprob_mode', 'replay'),
+    ('kv_cache_dtype', 'int8'),
+  ):
+    c = pulse_config()
+    c.rollout.exact = True
+    c.rollout[field] = value
+    with pytest.raises(ValueError, match=f'config.rollout.{field}: .*exact'):
+      build.build(c)
