@@ -23,8 +23,10 @@ config does not have, a config file that cannot be loaded: printed by
 `rollout.max_prompt_length`, or text the tokenizer cannot encode, naming
 the file and line: `jaxcorr.data.prompt_check`), a workdir that cannot
 hold a run (a file, an unreadable config.json), a device layout the
-machine cannot give (`rollout.rollout_devices`, `mesh`) and a checkpoint
-save on a full disk are one line, `error: ...`, without a traceback.
+machine cannot give (`rollout.rollout_devices`, `mesh`), a checkpoint
+save on a full disk and an agent environment failing past
+`agent.max_env_error_fraction` are one line, `error: ...`, without a
+traceback.
 
 The console shows the progress lines and jaxcorr's own logs; the libraries'
 INFO logs (orbax's checkpoint lines, ...) only with `--verbose_libs`
@@ -78,6 +80,7 @@ def main(argv: Sequence[str]) -> None:
     distributed.initialize_from_flags()
   except ValueError as e:
     raise app.UsageError(str(e)) from e
+  from jaxcorr.agents.failures import EnvironmentFailing
   from jaxcorr.data.prompt_check import PromptError
   from jaxcorr.train import preemption, setup
   from jaxcorr.train.checkpoints import workdir
@@ -91,6 +94,7 @@ def main(argv: Sequence[str]) -> None:
     setup.DeviceLayoutError,
     PromptError,
     DiskFull,
+    EnvironmentFailing,
   )
   try:
     trainer = Trainer(
@@ -105,6 +109,10 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(str(e)) from e
   except one_line as e:
     sys.exit(f'error: {e}')
+  except RuntimeError as e:  # the async modes' producer thread wraps them
+    if isinstance(e.__cause__, one_line):
+      sys.exit(f'error: {e.__cause__}')
+    raise
   keys = ('step', 'reward/mean', 'eval/accuracy')
   if trainer.preempted:
     print(f'preempted: checkpoint at step {trainer.step}; re-run to resume')

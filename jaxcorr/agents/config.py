@@ -5,9 +5,12 @@ single-turn completions as before."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
+from jaxcorr.agents.tool_calls import ToolCall
 from jaxcorr.config.fields import (
   boolean,
+  fail,
   integer,
   number,
   one_of,
@@ -59,6 +62,16 @@ class AgentConfig:
   tool_timeout_s: float = setting(
     5.0, number(0), 'Seconds per tool call (agent/tool_timeout counts them).'
   )
+  max_env_error_fraction: float = setting(
+    0.5,
+    number(0, 1),
+    'An environment failure (make, reset or step raising, a non-finite '
+    'turn reward, observation ids outside the vocabulary) ends its '
+    'trajectory as an ABORT row, counted in agent/env_errors; more than '
+    'this fraction of a batch (or of a warm-up batch of demonstrations) '
+    'stops the run naming the environment and its first failure '
+    '(jaxcorr/agents/failures.py). 1: never stop.',
+  )
   env_workers: int = setting(
     4, integer(1), 'Host threads that step environments and run tools.'
   )
@@ -105,3 +118,53 @@ class AgentConfig:
   @property
   def enabled(self) -> bool:
     return bool(self.environment)
+
+
+def check_call_format(cfg: AgentConfig, spec: Any, tokenizer: Any) -> None:
+  """Config time: the tokenizer can write a tool call of the environment's
+  format (`spec.call_format`, built from `call_start`, `call_end` and
+  `call_body`): a character it cannot encode would fail the warm-up's
+  demonstrations and could never be sampled (the character vocabulary
+  of configs/arith_tool.py has no braces, quotes or most letters).
+  ValueError naming the field and what it allows."""
+  fmt = spec.call_format
+  for field, tag in (('call_start', fmt.start), ('call_end', fmt.end)):
+    if bad := _unwritable(tokenizer, tag):
+      fail(
+        f'config.agent.{field}',
+        tag,
+        f'a tag of characters the tokenizer writes ({_alphabet(tokenizer)})',
+        f'the tokenizer cannot write {bad}',
+      )
+  if fmt.body != 'json':
+    return
+  name = spec.tools[0].name if spec.tools else 'tool'
+  example = fmt.render(ToolCall(name, {'x': '1'}))
+  if bad := _unwritable(tokenizer, example):
+    fail(
+      'config.agent.call_body',
+      'json',
+      "'text' (the text between call_start and call_end is the tool's one "
+      "argument, e.g. call_start='(' call_end=')'), or a vocabulary that "
+      "writes JSON (config.data.tokenizer='bytes')",
+      f'the tokenizer cannot write {bad} of a JSON call like {example}',
+    )
+
+
+def _writes(tokenizer: Any, char: str) -> bool:
+  try:
+    return tokenizer.decode(tokenizer.encode(char, bos=False)) == char
+  except Exception:  # a tokenizer refuses what it cannot encode
+    return False
+
+
+def _unwritable(tokenizer: Any, text: str) -> str:
+  """The characters of `text` the tokenizer cannot write, as one text."""
+  return ' '.join(
+    repr(c) for c in sorted(set(text)) if not _writes(tokenizer, c)
+  )
+
+
+def _alphabet(tokenizer: Any) -> str:
+  chars = getattr(tokenizer, 'characters', None)
+  return repr(chars) if chars else 'see its vocabulary'

@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxcorr.agents.environment import EnvironmentSpec, Message
-from jaxcorr.agents.tool_runner import ToolRunner
+from jaxcorr.agents.failures import check_result
+from jaxcorr.agents.tool_runner import ToolRunner, ToolSession
 from jaxcorr.agents.turns import TurnFormat
 from jaxcorr.data.tasks import Example
 
@@ -57,7 +58,7 @@ def turn_end_id(turns: TurnFormat, tokenizer: Any, stop_ids: Sequence[int]):
 
 def demonstrate(
   spec: EnvironmentSpec,
-  runner: ToolRunner,
+  runner: ToolSession | ToolRunner,
   turns: TurnFormat,
   tokenizer: Any,
   end_id: int,
@@ -65,11 +66,14 @@ def demonstrate(
   *,
   max_turns: int,
 ) -> Demonstration:
-  """The expert's trajectory on `row` (module docstring).
+  """The expert's trajectory on `row` (module docstring); `runner` is
+  what the environment is made with (`EnvironmentSpec.make`).
 
   Raises:
-    ValueError: the environment has no expert, or the expert is still
-      acting after `max_turns` turns.
+    ValueError: the environment has no expert, the expert is still
+      acting after `max_turns` turns, or a step's result is unusable
+      (`failures.BadResult`); and whatever the expert or the
+      environment raises.
   """
   if spec.expert is None:
     raise ValueError('this environment has no expert to demonstrate with')
@@ -90,13 +94,13 @@ def demonstrate(
     tokens += ids
     agent += [True] * len(ids)
     conversation.append({'role': 'assistant', 'content': action})
-    result = env.step(action)
+    result = check_result(env.step(action), tokenizer.vocab_size)
     if result.done:
       break
     observation = result.observation
     if observation and isinstance(observation[0], dict):
       conversation += observation
       observation = turns.env_ids(observation, end_id)
-    tokens += [int(i) for i in observation]
+    tokens += observation
     agent += [False] * len(observation)
   return Demonstration(prompt, tokens, agent, turns=taken)

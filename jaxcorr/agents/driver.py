@@ -28,6 +28,11 @@ whose turns straddle a weight swap holds tokens of several versions
 (staleness policies then act per token, jaxcorr/train/rollouts/staleness.py).
 Turn t of an episode samples with fold_in(episode_key, t), whichever slot,
 round or neighbours it gets.
+
+An environment that fails (raises, or returns an unusable `StepResult`:
+jaxcorr/agents/failures.py) ends its trajectory as an ABORT row with the
+failure in `Trajectory.error`; an episode submitted already failed (its
+`reset` raised) comes back from the next round untouched.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from absl import logging
 
 from jaxcorr.agents.continuation import Continuation
 from jaxcorr.agents.environment import Environment, StepResult
+from jaxcorr.agents.failures import check_result, describe
 from jaxcorr.agents.trajectory import Trajectory
 from jaxcorr.agents.turns import TurnFormat
 from jaxcorr.rollout import FinishReason
@@ -57,7 +63,7 @@ class Episode:
   """A trajectory in flight: its record, environment and sampling key."""
 
   trajectory: Trajectory
-  env: Environment
+  env: Environment | None  # None: failed before its first turn
   key: np.ndarray  # uint32 [2]
   turn: list[int] = dataclasses.field(default_factory=list)  # this turn's ids
   pending: list[int] | None = None  # environment ids to continue with
@@ -113,7 +119,9 @@ class AgentDecoder:
     self.continuation = continuation
     self.stop = frozenset(int(t) for t in stop_token_ids)
     self.stop_arr = engine.stop_array(self.stop)
+    self.vocab_size = engine.config.real_vocab_size or engine.config.vocab_size
     self.waiting: collections.deque[Episode] = collections.deque()
+    self.failed: list[Episode] = []  # submitted failed: out next round
     self.slots: list[Episode | None] = [None] * engine.max_concurrent_decodes
     self.state = engine.init_decode_state()
     self._pool = concurrent.futures.ThreadPoolExecutor(env_workers)
@@ -121,10 +129,14 @@ class AgentDecoder:
 
   @property
   def busy(self) -> bool:
-    return bool(self.waiting) or any(e is not None for e in self.slots)
+    busy = self.waiting or self.failed
+    return bool(busy) or any(e is not None for e in self.slots)
 
   def submit(self, episode: Episode) -> None:
-    self.waiting.append(episode)
+    if episode.trajectory.error:
+      self.failed.append(episode)
+    else:
+      self.waiting.append(episode)
 
   def swap(self, params: Any, version: int, *, recompute: bool = False) -> None:
     """Weights of policy `version` from the next round on. Live slots keep
@@ -150,11 +162,12 @@ class AgentDecoder:
     """One round (module docstring); the episodes that finished in it."""
     engine = self.engine
     version = engine.policy_version
+    done, self.failed = self.failed, []
     firsts = [self._continue(), self._admit()]
     firsts = [f for f in firsts if f is not None]
     live = [i for i, e in enumerate(self.slots) if e is not None]
     if not live:
-      return []
+      return done
     n = len(live)
     self.state, out = engine.decode_chunk(
       self.state,
@@ -185,7 +198,6 @@ class AgentDecoder:
       self._pool.map(self._after_turn, [self.slots[s] for s in ended])
     )
     self.env_seconds += time.perf_counter() - t0
-    done = []
     for slot, final in zip(ended, finals):
       if final:
         done.append(self.slots[slot])
@@ -285,21 +297,21 @@ class AgentDecoder:
     trajectory is finished (runs on a worker thread: touches only `ep`)."""
     tr = ep.trajectory
     tr.turns += 1
+    tr.turn_spans.append((len(tr.tokens) - len(ep.turn), len(tr.tokens)))
     stopped = bool(ep.turn) and ep.turn[-1] in self.stop
     text = self.decode(ep.turn)
     tr.final_text = text
     try:
-      result = ep.env.step(text)
-      _record(tr, result)
+      result = check_result(ep.env.step(text), self.vocab_size)
       ids = result.observation
-      if not result.done and ids and not isinstance(ids[0], int | np.integer):
+      if not result.done and ids and isinstance(ids[0], dict):
         ids = self.turns.env_ids(ids, tr.tokens[-1] if stopped else None)
-      ids = [int(i) for i in ids]
-    except Exception:  # an environment bug ends its trajectory, counted
-      logging.exception('environment step failed (trajectory %d)', tr.row)
-      tr.finish = FinishReason.ERROR
-      tr.info['env_errors'] = tr.info.get('env_errors', 0) + 1
+    except Exception as err:  # an environment bug ends its trajectory
+      tr.fail(describe('step', err))
+      # The batch's check says it in one line; the traceback at -v 1.
+      logging.debug('trajectory %d: %s', tr.row, tr.error, exc_info=True)
       return True
+    _record(tr, result)
     if result.done:
       tr.truncated = not stopped
       tr.finish = FinishReason.STOP if stopped else FinishReason.LENGTH

@@ -1,6 +1,10 @@
 """The environment API: what an agent acts in, in a few lines of user code.
 
-    env = spec.make(runner)            one fresh environment per trajectory
+    env = spec.make(session)           one fresh environment per trajectory;
+                                       session.run(call) runs a tool call
+                                       (contained, counted for this
+                                       trajectory), session.tokenizer is
+                                       the trainer's (for id observations)
     messages = env.reset(row)          the opening messages (system, user)
     result = env.step(action_text)     after each agent turn
       result.observation               new messages (rendered with the chat
@@ -18,7 +22,10 @@ reward is that plus the sum of its turn rewards (docs/agents.md).
 `ToolEnvironment` is the common case: each agent turn either calls tools
 (`jaxcorr.agents.tool_calls` format; the results come back as `tool`
 messages) or answers (no call: done). A malformed call is an error
-observation. Environments are registered by name
+observation. What an environment does wrong (raises, returns a NaN
+reward or ids outside the vocabulary) ends its trajectory, counted; too
+many in a batch stop the run (`jaxcorr.agents.failures`). Environments
+are registered by name
 (`@register_environment('name')`, a builder of an `EnvironmentSpec` from
 the `agent` config), like reward functions.
 """
@@ -38,7 +45,7 @@ from jaxcorr.agents.tool_calls import (
   ToolCallFormat,
   parse_tool_calls,
 )
-from jaxcorr.agents.tool_runner import ToolRunner
+from jaxcorr.agents.tool_runner import ToolRunner, ToolSession
 from jaxcorr.agents.tools import Tool
 from jaxcorr.data.tasks import Example
 
@@ -76,13 +83,14 @@ messages, then each turn's observation), or None when it is done
 @dataclasses.dataclass(frozen=True)
 class EnvironmentSpec:
   """A registered environment: its tools, their call format, a factory
-  of fresh environments (each given the shared `ToolRunner`) and,
-  optionally, an `Expert` whose play-through is the SFT warm-up's data
-  (`train.sft_steps` with agents)."""
+  of fresh environments (each given its trajectory's `ToolSession`: the
+  tools, `run(call)`, the tokenizer) and, optionally, an `Expert` whose
+  play-through is the SFT warm-up's data (`train.sft_steps` with
+  agents)."""
 
   tools: tuple[Tool, ...]
   call_format: ToolCallFormat
-  make: Callable[[ToolRunner], Environment]
+  make: Callable[[ToolSession], Environment]
   expert: Expert | None = None
 
 
@@ -90,7 +98,7 @@ class ToolEnvironment:
   """Tool calls in, tool results out; a turn without a call is the answer.
 
   Args:
-    runner: runs the calls (timeouts, counts).
+    runner: runs the calls (a `ToolSession`, or a `ToolRunner`).
     call_format: where calls are in the agent's text.
     system: an optional system message (e.g. `tool_system_prompt`).
     terse_errors: every error observation reads '?' (vocabularies without
@@ -100,7 +108,7 @@ class ToolEnvironment:
 
   def __init__(
     self,
-    runner: ToolRunner,
+    runner: ToolSession | ToolRunner,
     call_format: ToolCallFormat,
     system: str | None = None,
     terse_errors: bool = False,
@@ -108,10 +116,6 @@ class ToolEnvironment:
   ):
     self.runner, self.call_format, self.system = runner, call_format, system
     self.terse_errors, self.content = terse_errors, content
-    self._text_argument = ''
-    if call_format.body == 'text':
-      tool = runner.tools[call_format.default_tool]
-      self._text_argument = tool.parameters['required'][0]
 
   def reset(self, row: Example) -> list[Message]:
     messages = []
@@ -123,7 +127,7 @@ class ToolEnvironment:
 
   def step(self, action: str) -> StepResult:
     try:
-      calls = parse_tool_calls(action, self.call_format, self._text_argument)
+      calls = parse_tool_calls(action, self.call_format)
     except MalformedToolCall as err:
       return StepResult(
         [self._message('tool', self._error(f'error: {err}'))],
@@ -137,7 +141,7 @@ class ToolEnvironment:
       if outcome != 'ok':
         content = self._error(content)
       out.append(self._message('tool', content))
-    return StepResult(out, info={'tool_calls': len(calls)})
+    return StepResult(out)
 
   def _error(self, text: str) -> str:
     return '?' if self.terse_errors else text
@@ -153,8 +157,7 @@ def tool_system_prompt(
   """A system message that lists the tools' schemas and the call format,
   with `example` written in it (for chat templates without a `tools`
   section)."""
-  argument = next(iter(example.arguments), '')
-  example = call_format.render(example, argument)
+  example = call_format.render(example)
   schemas = '\n'.join(json.dumps(t.schema()) for t in tools)
   return (
     'You may call these tools:\n'
@@ -225,7 +228,5 @@ def _calculator_expert(
   results = [m['content'] for m in messages if m['role'] == 'tool']
   if not results:
     expression = row.prompt.strip().rstrip('=?').strip()
-    return fmt.render(
-      ToolCall('calculator', {'expression': expression}), 'expression'
-    )
+    return fmt.render(ToolCall('calculator', {'expression': expression}))
   return results[-1]

@@ -12,7 +12,11 @@ the final answers to score, the turn rewards and the rollout metrics
                            several draws in flight
 
 It owns what lives across steps: the environment spec, the `ToolRunner`
-(threads, counts), the turn format and the compiled `Continuation`. Keys:
+(threads; each trajectory runs its calls through its own `ToolSession`,
+so its outcome counts are its own), the turn format and the compiled
+`Continuation`. Environment failures (jaxcorr/agents/failures.py) end
+their trajectories; `collect` and `demonstrations` stop the run when a
+batch has more than `config.agent.max_env_error_fraction` of them. Keys:
 trajectory (row i, sample s) samples turn t with
 fold_in(fold_in(fold_in(PRNGKey(seed), first_prompt + i), s), t), the keys
 of `rollout.driver.request_keys` folded with the turn, so a step's
@@ -36,6 +40,7 @@ from jaxcorr.agents.demonstrations import (
 )
 from jaxcorr.agents.driver import AgentDecoder, Episode, TurnLimits
 from jaxcorr.agents.environment import environment_spec
+from jaxcorr.agents.failures import check_bound, describe
 from jaxcorr.agents.tool_runner import OUTCOMES, ToolRunner
 from jaxcorr.agents.trajectory import Trajectory, to_batch
 from jaxcorr.agents.turns import ARITH_TOOL_TEMPLATE, TurnFormat
@@ -156,19 +161,38 @@ class AgentRollouts:
     tag: Any = None,
   ) -> list[Episode]:
     """One episode per (row, sample), row i * num_samples + s with key
-    `keys[row]` (`request_keys`); `tag` marks them (the stream's draw)."""
+    `keys[row]` (`request_keys`); `tag` marks them (the stream's draw).
+    An environment whose `make` or `reset` raises gives a failed episode
+    (no prompt, no turn: the decoder hands it back as it is)."""
     out = []
     for i, ex in enumerate(examples):
       prompt = None
       for s in range(num_samples):
-        env = self.spec.make(self.runner)
-        ids = self.turns.prompt_ids(env.reset(ex))
-        self._check_prompt(ids, ex)
-        prompt = prompt if prompt == ids else ids  # samples share a prefill
         row = i * num_samples + s
-        tr = Trajectory(row=row, group=i, sample=s, prompt=prompt)
+        tr = Trajectory(row=row, group=i, sample=s, prompt=[])
+        env = self._reset(tr, ex)
+        if env is not None:
+          self._check_prompt(tr.prompt, ex)
+          # Samples of a row share one prefill of their prompt.
+          prompt = prompt if prompt == tr.prompt else tr.prompt
+          tr.prompt = prompt
         out.append(Episode(tr, env, keys[row], tag=tag))
     return out
+
+  def _reset(self, tr: Trajectory, ex: Example):
+    """A fresh environment for `tr`, its prompt in `tr.prompt`; None when
+    the environment failed (recorded in `tr`)."""
+    stage = 'make'
+    try:
+      env = self.spec.make(
+        self.runner.session(self.tokenizer, tr.tool_outcomes)
+      )
+      stage = 'reset'
+      tr.prompt = self.turns.prompt_ids(env.reset(ex))
+    except Exception as err:  # the environment's failure: contained
+      tr.fail(describe(stage, err))
+      return None
+    return env
 
   def collect(
     self,
@@ -178,9 +202,17 @@ class AgentRollouts:
     env_time_share: float,
   ) -> AgentBatch:
     """Finished episodes (any order) as a batch in row order, with the
-    final answers, turn rewards and metrics; the tool-call counts are the
-    runner's since the last collect."""
+    final answers, turn rewards and metrics (the tool calls are those of
+    these trajectories). `EnvironmentFailing` when more than
+    `max_env_error_fraction` of them failed."""
     trajectories = sorted((e.trajectory for e in done), key=lambda t: t.row)
+    check_bound(
+      self.cfg.environment,
+      [t.error for t in trajectories if t.error],
+      len(trajectories),
+      self.cfg.max_env_error_fraction,
+      'trajectories',
+    )
     batch = to_batch(
       trajectories,
       prompt_length=self.prompt_length,
@@ -191,12 +223,6 @@ class AgentRollouts:
     )
     metrics = trajectory_metrics(trajectories)
     metrics['agent/env_time_share'] = env_time_share
-    metrics.update(
-      {
-        f'agent/tool_{k}': float(v)
-        for k, v in self.runner.take_counts().items()
-      }
-    )
     return AgentBatch(
       batch,
       [t.final_text for t in trajectories],
@@ -231,21 +257,34 @@ class AgentRollouts:
 
   def demonstrations(self, examples: Sequence[Example]) -> list[Demonstration]:
     """The environment expert's trajectories on `examples` (the SFT
-    warm-up's rows; jaxcorr/agents/demonstrations.py)."""
+    warm-up's rows; jaxcorr/agents/demonstrations.py). One that fails is
+    an empty row (no loss); `EnvironmentFailing` when more than
+    `max_env_error_fraction` of them do."""
     end = turn_end_id(self.turns, self.tokenizer, self.stop_ids)
-    out = []
+    out, errors = [], []
     for ex in examples:
-      demo = demonstrate(
-        self.spec,
-        self.runner,
-        self.turns,
-        self.tokenizer,
-        end,
-        ex,
-        max_turns=self.cfg.max_turns,
-      )
+      try:
+        demo = demonstrate(
+          self.spec,
+          self.runner.session(self.tokenizer),
+          self.turns,
+          self.tokenizer,
+          end,
+          ex,
+          max_turns=self.cfg.max_turns,
+        )
+      except Exception as err:  # the environment's or expert's failure
+        errors.append(describe('demonstration', err))
+        demo = Demonstration([], [], [], turns=0)
       self._check_prompt(demo.prompt, ex)
       out.append(demo)
+    check_bound(
+      self.cfg.environment,
+      errors,
+      len(out),
+      self.cfg.max_env_error_fraction,
+      'demonstrations',
+    )
     return out
 
   def _check_prompt(self, ids: Sequence[int], ex: Example) -> None:
@@ -268,16 +307,22 @@ def trajectory_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
 
   agent = [sum(t.agent) for t in trajectories]
   env = [len(t.tokens) - a for t, a in zip(trajectories, agent)]
+  calls = [sum(t.tool_outcomes.values()) for t in trajectories]
+  outcomes = {
+    f'agent/tool_{o}': float(sum(t.tool_outcomes[o] for t in trajectories))
+    for o in OUTCOMES
+  }
   return {
     'agent/turns_mean': float(np.mean([t.turns for t in trajectories])),
     'agent/truncated_fraction': float(
       np.mean([t.truncated for t in trajectories])
     ),
-    'agent/tool_call_rate': float(np.mean([c > 0 for c in info('tool_calls')])),
+    'agent/tool_call_rate': float(np.mean([c > 0 for c in calls])),
     'agent/agent_tokens_mean': float(np.mean(agent)),
     'agent/env_tokens_mean': float(np.mean(env)),
     'agent/turn_reward_mean': float(np.mean([t.reward for t in trajectories])),
-    'agent/tool_calls': float(np.sum(info('tool_calls'))),
+    'agent/tool_calls': float(sum(calls)),
+    **outcomes,
     'agent/malformed_calls': float(np.sum(info('malformed_calls'))),
     'agent/env_errors': float(np.sum(info('env_errors'))),
     'agent/long_observations': float(np.sum(info('long_observations'))),

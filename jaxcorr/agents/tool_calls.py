@@ -10,8 +10,10 @@ Any number of calls may appear in one turn; text outside the tags is the
 agent's prose (a turn with no call is its final answer). `body='text'`
 is a compact form for small vocabularies (the character model of
 configs/arith_tool.py has no braces or quotes): the text between the tags
-is the value of the first required parameter of `default_tool`, e.g.
-`(12*34)` with `start='('`, `end=')'`.
+is the one argument of `default_tool`, e.g. `(12*34)` with `start='('`,
+`end=')'`. The parser keeps it as `ToolCall.text`; the tool's schema names
+the parameter it fills (its first required one, `Tool.text_arguments`)
+when the call runs, so neither the parser nor the environment needs it.
 
 A malformed call (an unclosed tag, JSON that does not parse, no `name`,
 `arguments` that are not an object) raises `MalformedToolCall`, whose
@@ -32,10 +34,12 @@ class MalformedToolCall(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ToolCall:
-  """One parsed call."""
+  """One parsed call: the tool's name and its keyword arguments, or with
+  a 'text' body the body itself (`text`; the tool's one argument)."""
 
   name: str
-  arguments: dict[str, Any]
+  arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
+  text: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,10 +63,11 @@ class ToolCallFormat:
       raise ValueError("ToolCallFormat: body='text' needs a default_tool")
 
   def render(self, call: ToolCall, argument_name: str = '') -> str:
-    """The text of `call` in this format (demonstrations, tests);
-    `argument_name`: the parameter a 'text' body carries."""
+    """The text of `call` in this format (demonstrations, tests). A 'text'
+    body carries `call.text`, else the argument `argument_name`, else the
+    call's only argument."""
     if self.body == 'text':
-      return f'{self.start}{call.arguments[argument_name]}{self.end}'
+      return f'{self.start}{_text_of(call, argument_name)}{self.end}'
     body = json.dumps({'name': call.name, 'arguments': call.arguments})
     return f'{self.start}{body}{self.end}'
 
@@ -75,7 +80,9 @@ def parse_tool_calls(
   Args:
     output: the agent turn's decoded text.
     fmt: the format.
-    text_argument: with `body='text'`, the parameter name the body fills.
+    text_argument: with `body='text'`, the parameter the body fills;
+      '' (the default) keeps the body as `ToolCall.text`, which the tool's
+      schema resolves when the call runs (`Tool.text_arguments`).
 
   Raises:
     MalformedToolCall: the first call that cannot be parsed.
@@ -90,10 +97,26 @@ def parse_tool_calls(
     body = output[i + len(fmt.start) : j]
     pos = j + len(fmt.end)
     if fmt.body == 'text':
-      calls.append(ToolCall(fmt.default_tool, {text_argument: body}))
+      if text_argument:
+        calls.append(ToolCall(fmt.default_tool, {text_argument: body}))
+      else:
+        calls.append(ToolCall(fmt.default_tool, text=body))
       continue
     calls.append(_json_call(body))
   return calls
+
+
+def _text_of(call: ToolCall, argument_name: str) -> Any:
+  if call.text is not None:
+    return call.text
+  if argument_name:
+    return call.arguments[argument_name]
+  if len(call.arguments) != 1:
+    raise ValueError(
+      f'render: a text body carries one argument; {call.name!r} has '
+      f'{sorted(call.arguments)} (name one with argument_name)'
+    )
+  return next(iter(call.arguments.values()))
 
 
 def _json_call(body: str) -> ToolCall:

@@ -18,6 +18,12 @@ message:
                or text longer than `max_chars`
 
 Only `ok` is the tool's answer; the others read `error: <why>`.
+
+Environments run calls through a `ToolSession` (`runner.session()`), one
+per trajectory: its `counts` are that trajectory's outcomes, so a step's
+`agent/tool_<outcome>` counts are those of its own trajectories (they sum
+to `agent/tool_calls`), never calls made elsewhere on the shared runner
+(the SFT warm-up's demonstrations, an evaluation, another draw).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import concurrent.futures
 import numbers
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from jaxcorr.agents.tool_calls import ToolCall
 from jaxcorr.agents.tools import Tool, ToolArgumentError
@@ -75,7 +82,10 @@ class ToolRunner:
       known = ', '.join(sorted(self.tools)) or 'none'
       return f'error: unknown tool {call.name!r} (tools: {known})', 'unknown'
     try:
-      args = tool.check_arguments(call.arguments)
+      args = call.arguments
+      if call.text is not None:
+        args = {**args, **tool.text_arguments(call.text)}
+      args = tool.check_arguments(args)
     except ToolArgumentError as err:
       return f'error: {err}', 'arguments'
     if self._pool.stuck(tool.name) >= MAX_STUCK:
@@ -94,8 +104,15 @@ class ToolRunner:
       return f'error: {tool.name} returned no usable text', 'garbage'
     return value, 'ok'
 
+  def session(
+    self, tokenizer: Any = None, counts: collections.Counter | None = None
+  ) -> ToolSession:
+    """One trajectory's handle on this runner (module docstring)."""
+    return ToolSession(self, tokenizer, counts)
+
   def take_counts(self) -> dict[str, int]:
-    """Calls per outcome since the last take (every outcome present)."""
+    """Calls per outcome since the last take, over every session (every
+    outcome present)."""
     with self._lock:
       out = {k: self.counts.get(k, 0) for k in OUTCOMES}
       self.counts.clear()
@@ -103,3 +120,32 @@ class ToolRunner:
 
   def close(self) -> None:
     self._pool.close()
+
+
+class ToolSession:
+  """What `EnvironmentSpec.make` is given for one trajectory.
+
+  Attributes:
+    tools: the tools by name.
+    tokenizer: the trainer's tokenizer (`encode(text, bos=False)`,
+      `decode(ids)`), for an environment whose observations are token ids;
+      None outside the trainer.
+    counts: this trajectory's calls per outcome.
+  """
+
+  def __init__(
+    self,
+    runner: ToolRunner,
+    tokenizer: Any = None,
+    counts: collections.Counter | None = None,
+  ):
+    self.runner, self.tokenizer, self.tools = runner, tokenizer, runner.tools
+    self.counts = collections.Counter() if counts is None else counts
+    self._lock = threading.Lock()
+
+  def run(self, call: ToolCall) -> tuple[str, str]:
+    """`ToolRunner.run`, counted for this trajectory."""
+    content, outcome = self.runner.run(call)
+    with self._lock:
+      self.counts[outcome] += 1
+    return content, outcome

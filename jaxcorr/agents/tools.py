@@ -96,3 +96,17 @@ class Tool:
     if errors:
       raise ToolArgumentError(f'{self.name}: {errors[0].message}')
     return dict(arguments)
+
+  def text_arguments(self, text: str) -> dict[str, Any]:
+    """The arguments of a call whose body is plain text (a 'text' call
+    format, `jaxcorr.agents.tool_calls`): `text` as the first required
+    parameter, or as the only one; `ToolArgumentError` for a tool with
+    neither."""
+    required = list(self.parameters.get('required', ()))
+    names = required or list(self.parameters.get('properties', {}))
+    if not required and len(names) != 1:
+      raise ToolArgumentError(
+        f'{self.name}: a text call fills one parameter; the schema has '
+        f'no required one and {len(names)} in all'
+      )
+    return {names[0]: text}

@@ -9,6 +9,9 @@ agent mask, and the `RolloutBatch` of a batch of them.
     logp, logp_t      μ of each agent token (0.0 on environment tokens)
     versions          the policy version that sampled each agent token
                       (-1 on environment tokens)
+    turn_spans        [start, end) of each agent turn in `tokens`; the
+                      environment turn after agent turn k is
+                      tokens[turn_spans[k][1]:turn_spans[k + 1][0]]
 
 In the `RolloutBatch` (docs/math/rollout_contract.md §4-§5) the prompt is
 the prompt side, the tokens the response side: `context_mask` covers every
@@ -17,11 +20,14 @@ tokens are context the trainer's forward attends to but never a loss
 term, a μ or a version. A trajectory that hits the token budget or the
 turn limit before its answer is `truncated` (FinishReason.LENGTH); with
 `drop_truncated` its agent tokens leave `response_mask` too, so it trains
-nothing (it still counts in its group's baseline).
+nothing (it still counts in its group's baseline). One whose environment
+failed (`error`, jaxcorr/agents/failures.py) is an ABORT row: the update
+drops it.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Sequence
 
@@ -40,11 +46,14 @@ class Trajectory:
     row, group, sample: its `RolloutBatch` row, group and sample ids.
     prompt: the prompt ids.
     turns: agent turns so far.
+    turn_spans: [start, end) of each finished agent turn in `tokens`.
     turn_rewards: the environment's reward after each agent turn.
     truncated: ended by a budget, not by an answer.
     finish: its `FinishReason`.
     final_text: the last agent turn's decoded text (what is scored).
     info: the environment's counts, summed over turns.
+    tool_outcomes: its tool calls per outcome (`ToolSession.counts`).
+    error: the environment's failure that ended it ('' if none).
   """
 
   row: int
@@ -57,11 +66,16 @@ class Trajectory:
   logp_truncated: list[float] = dataclasses.field(default_factory=list)
   versions: list[int] = dataclasses.field(default_factory=list)
   turns: int = 0
+  turn_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
   turn_rewards: list[float] = dataclasses.field(default_factory=list)
   truncated: bool = False
   finish: FinishReason = FinishReason.STOP
   final_text: str = ''
   info: dict[str, float] = dataclasses.field(default_factory=dict)
+  tool_outcomes: collections.Counter[str] = dataclasses.field(
+    default_factory=collections.Counter
+  )
+  error: str = ''
 
   def add_agent(self, tokens, logp, logp_t, version: int) -> None:
     """Sampled tokens with their log-probs, under policy `version`."""
@@ -80,6 +94,12 @@ class Trajectory:
     self.logp += [0.0] * n
     self.logp_truncated += [0.0] * n
     self.versions += [-1] * n
+
+  def fail(self, error: str) -> None:
+    """End as an ABORT row: its environment failed (`failures.describe`)."""
+    self.error = self.error or error
+    self.finish = FinishReason.ABORT
+    self.info['env_errors'] = 1.0
 
   @property
   def length(self) -> int:

@@ -29,7 +29,7 @@ import jax
 import ml_collections
 
 from jaxcorr import rewards
-from jaxcorr.agents.config import AgentConfig
+from jaxcorr.agents.config import AgentConfig, check_call_format
 from jaxcorr.agents.environment import environment_spec
 from jaxcorr.config import convert, fields
 from jaxcorr.data import prompts, reasoning_gym, text
@@ -294,6 +294,13 @@ def check_agent(run: RunConfig) -> None:
       "'' with an MoE model (model.num_experts > 0): a turn's continuation "
       'records no routing',
     )
+  if run.agent.chat_template == 'model' and not run.model.hf_path:
+    fields.fail(
+      'config.agent.chat_template',
+      'model',
+      "'arith' without config.model.hf_path",
+      'a model from scratch has no chat template of its own',
+    )
 
 
 def check_packing(run: RunConfig) -> None:
@@ -398,3 +405,6 @@ def check_components(run: RunConfig) -> None:
         'the SFT warm-up of a multi-turn run plays the environment expert, '
         'and this environment has none (jaxcorr/agents/demonstrations.py)',
       )
+    if not run.model.hf_path:  # a tokenizer from scratch: no file to read
+      tokenizer = text.scratch_tokenizer(run.data.tokenizer)
+      check_call_format(run.agent, spec, tokenizer)

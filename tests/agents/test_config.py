@@ -60,3 +60,45 @@ def test_engine_sizes():
   assert engine_prefill(on, 8, 5) == 8
   again = AgentConfig(environment='calculator', kv_reuse=False)
   assert engine_headroom(again) == 0 and engine_prefill(again, 8, 5) == 13
+
+
+@pytest.mark.parametrize(
+  'changes, message',
+  [
+    (
+      {'chat_template': 'model'},
+      r"^config\.agent\.chat_template: invalid value 'model' .*; allowed: "
+      r"'arith' without config\.model\.hf_path$",
+    ),
+    (
+      {'call_body': 'json'},
+      r"^config\.agent\.call_body: invalid value 'json' \(the tokenizer "
+      r"cannot write .*'\{'.*\); allowed: 'text'",
+    ),
+    (
+      {'call_body': 'text', 'call_start': '<tool_call>'},
+      r"^config\.agent\.call_start: invalid value '<tool_call>' \(the "
+      r"tokenizer cannot write '<' .*\); allowed: a tag of characters",
+    ),
+  ],
+)
+def test_what_a_model_from_scratch_cannot_do_fails_at_config_time(
+  changes, message
+):
+  """A model from scratch has no chat template of its own, and the
+  character vocabulary cannot write a JSON call (braces, quotes, the
+  tool's name) or the Hermes tags: one line each, before any work."""
+  c = arith_tool.get_config('pulse')
+  c.agent.update(changes)
+  with pytest.raises(ValueError, match=message) as err:
+    build(c)
+  assert '\n' not in str(err.value)
+
+
+def test_a_byte_vocabulary_writes_json_calls():
+  c = arith_tool.get_config('pulse')
+  c.data.tokenizer, c.model.vocab_size = 'bytes', 259
+  c.agent.update(
+    call_body='json', call_start='<tool_call>', call_end='</tool_call>'
+  )
+  assert build(c).agent.call_body == 'json'

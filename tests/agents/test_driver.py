@@ -22,24 +22,19 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxcorr.agents.continuation import Continuation, cache_headroom
 from jaxcorr.agents.driver import AgentDecoder, Episode, TurnLimits
 from jaxcorr.agents.environment import StepResult
 from jaxcorr.agents.trajectory import Trajectory, to_batch
-from jaxcorr.agents.turns import TurnFormat
-from jaxcorr.data.chat import ChatTemplate
 from jaxcorr.data.tasks import Example
 from jaxcorr.model import token_logprobs
 from jaxcorr.rollout import FinishReason
 from jaxcorr.rollout.driver import request_keys
-from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.state import SamplingParams
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train.scoring import at_response
-from tests.helpers.chat_tokenizer import CHATML, chat_tokenizer
-from tests.helpers.model_testing import random_model, tiny_config
+from tests.agents.engine_setup import P, T
+from tests.helpers.model_testing import random_model
 
-P, T, SLOTS = 48, 80, 4  # P + T: a power of two (few prefill buckets)
 SP = SamplingParams(temperature=1.0)
 TOOL = {'role': 'tool', 'content': '408'}
 
@@ -59,32 +54,6 @@ class ScriptedEnv:
     if self.turn >= 3:
       return StepResult([], done=True)
     return StepResult([TOOL], reward=0.5, info={'tool_calls': 1})
-
-
-@pytest.fixture(scope='module')
-def setup():
-  tok, vocab = chat_tokenizer()
-  model = random_model(
-    tiny_config(
-      vocab_size=vocab,
-      hidden_size=32,
-      intermediate_size=64,
-      num_heads=2,
-      num_kv_heads=1,
-      max_position_embeddings=512,
-    )
-  )
-  target = P + T + cache_headroom(64 + 1)  # TurnLimits.env_tokens
-  engine = PolicyEngine(
-    model,
-    max_concurrent_decodes=SLOTS,
-    max_prefill_length=P + T,  # the re-prefill baseline's histories
-    max_target_length=target,
-    decode_chunk=8,
-    min_attend_bucket=target,  # one attention bucket: few compilations
-  )
-  turns = TurnFormat(ChatTemplate(CHATML), tok)
-  return tok, model, engine, turns, Continuation(engine)
 
 
 def _run(

@@ -20,7 +20,9 @@ def _env(**kw):
 
 
 def test_calls_results_and_answer():
-  env, runner = _env(system='tools here')
+  runner = ToolRunner([calculator_tool()], timeout_s=2.0)
+  session = runner.session()
+  env = ToolEnvironment(session, ToolCallFormat(), system='tools here')
   assert env.reset(Example('What is 12*34?', '408')) == [
     {'role': 'system', 'content': 'tools here'},
     {'role': 'user', 'content': 'What is 12*34?'},
@@ -32,7 +34,7 @@ def test_calls_results_and_answer():
   out = env.step(call)
   assert not out.done
   assert out.observation == [{'role': 'tool', 'content': '408'}]
-  assert out.info == {'tool_calls': 1}
+  assert session.counts == {'ok': 1}  # the calls of this trajectory
   final = env.step('408')
   assert final.done and final.observation == []
   runner.close()

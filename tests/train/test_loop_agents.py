@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from configs import arith_tool
+from jaxcorr.agents.tool_runner import OUTCOMES
 from jaxcorr.train.loop import Trainer
 
 VOLATILE = ('time/', 'perf/', 'agent/env_time_share')
@@ -44,6 +45,9 @@ def test_arith_tool_has_a_pulse(tmp_path):
   for r in rows:
     assert r['agent/turns_mean'] >= 1
     assert r['agent/env_tokens_mean'] > 0  # some turns got observations
+    # The step's own calls: not the SFT warm-up's demonstrations.
+    outcomes = [r[f'agent/tool_{o}'] for o in OUTCOMES]
+    assert sum(outcomes) == r['agent/tool_calls'] > 0
     # Only agent tokens train: the update's tokens are the agent's.
     assert r['batch/valid_tokens'] == pytest.approx(
       r['agent/agent_tokens_mean'] * batch
