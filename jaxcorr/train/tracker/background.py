@@ -31,6 +31,8 @@ from typing import Any
 
 from absl import logging
 
+from jaxcorr import console
+
 CLOSE_S = 5.0
 MAX_PENDING = 10_000
 _CLOSE = object()
@@ -67,6 +69,12 @@ class Background:
     )  # fmt: skip
 
   def _run(self) -> None:
+    # urllib3 (under MLflow's client) logs every retry; the one warning
+    # that matters is this logger's own.
+    with console.dropped_library_errors('Retrying (Retry('):
+      self._serve()
+
+  def _serve(self) -> None:
     try:
       sink = self._opener()
     except Exception as e:  # a logger never stops a run
@@ -114,12 +122,15 @@ class Background:
     self._put(('restart', (step,)))
 
   def close(self) -> None:
-    # The close marker waits for room: the worker drains the queue.
+    start = time.monotonic()
+    queued = 0  # the close marker, once queued
+    # The marker waits for room: the worker drains the queue.
     with contextlib.suppress(queue.Full):
       self._queue.put(_CLOSE, timeout=CLOSE_S)
+      queued = 1
     while self._thread.is_alive():
       self._thread.join(0.05)
-      if time.monotonic() - self._progress > CLOSE_S:
+      if time.monotonic() - max(self._progress, start) > CLOSE_S:
         break
     if self._thread.is_alive():
       logging.warning(
@@ -128,5 +139,5 @@ class Background:
         self.name,
         self.where,
         CLOSE_S,
-        self._queue.qsize(),
+        max(self._queue.qsize() - queued, 0),
       )
