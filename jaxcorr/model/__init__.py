@@ -21,6 +21,7 @@ from jaxcorr.model.logprobs import (
   REMAT_MODES,
   logprobs_from_hidden,
   naive_token_logprobs,
+  nonpositive,
   token_logprobs,
 )
 from jaxcorr.model.transformer import KVCache, Transformer, segment_positions
@@ -37,6 +38,7 @@ __all__ = [
   'load_tokenizer',
   'logprobs_from_hidden',
   'naive_token_logprobs',
+  'nonpositive',
   'save_hf',
   'segment_positions',
   'token_logprobs',

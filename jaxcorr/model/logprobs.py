@@ -6,7 +6,7 @@ given tokens 0..t is
 
     logp[b, t] = log softmax(logits[b, t] / temperature)[tokens[b, t + 1]]
 
-for t in [0, S - 1), always float32 and never > 0 (`sampling.nonpositive`).
+for t in [0, S - 1), always float32 and never > 0 (`nonpositive`).
 The head's product accumulates in float32 whatever the compute dtype
 (bf16 x bf16 products are exact in float32: the float32 dot of the same
 operands) and the logsumexp runs on those float32 logits (MaxText #5231's
@@ -39,7 +39,6 @@ from jaxcorr.model.transformer import (
   entropy_terms,
   mask_padded_vocab,
 )
-from jaxcorr.sampling import nonpositive
 from jaxcorr.sharding import constrain
 
 DEFAULT_CHUNK = 128
@@ -51,6 +50,14 @@ DEFAULT_CHUNK = 128
 # one NVIDIA H200, second run"), for ~0.8 GB more at the backward's peak.
 REMAT_AUTO_BYTES = 512 * 2**20
 REMAT_MODES = ('auto', 'always', 'never')
+
+
+def nonpositive(logp: jax.Array) -> jax.Array:
+  """min(logp, 0) with gradient 1 wherever logp ≤ 0 (0 included) and 0
+  only where logp > 0; NaN and -inf pass through. `jnp.minimum` would halve
+  the gradient at a tie (logp == 0 exactly: a certain token), so this is a
+  `where`. The values clamped are rounding (a few ulps), never real mass."""
+  return jnp.where(logp > 0, jnp.zeros((), logp.dtype), logp)
 
 
 def remat_chunks(mode: str, batch: int, length: int, vocab: int) -> bool:

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxcorr import sampling
-from jaxcorr.model import logprobs_from_hidden
+from jaxcorr.model import logprobs_from_hidden, nonpositive
 from jaxcorr.rollout.decode import sample_rows
 from tests.helpers.model_testing import random_model, random_tokens, tiny_config
 
@@ -82,10 +81,8 @@ def test_engine_logprobs_are_never_positive_in_bf16(sharp):
 
 def test_clamp_gradient_is_zero_only_above_zero():
   x = jnp.asarray([-2.0, -1e-7, 0.0, 1e-7, 3.0])
-  grad = jax.grad(lambda x: jnp.sum(sampling.nonpositive(x)))(x)
+  grad = jax.grad(lambda x: jnp.sum(nonpositive(x)))(x)
   np.testing.assert_array_equal(grad, [1.0, 1.0, 1.0, 0.0, 0.0])
-  np.testing.assert_array_equal(
-    sampling.nonpositive(x), np.minimum(np.asarray(x), 0)
-  )
-  special = sampling.nonpositive(jnp.asarray([-jnp.inf, jnp.nan]))
+  np.testing.assert_array_equal(nonpositive(x), np.minimum(np.asarray(x), 0))
+  special = nonpositive(jnp.asarray([-jnp.inf, jnp.nan]))
   assert special[0] == -jnp.inf and bool(jnp.isnan(special[1]))
