@@ -67,7 +67,7 @@ PRECISIONS = {
   'fp32': ('float32', None, None),
   'bf16': ('bfloat16', None, None),
   'int8': ('bfloat16', QuantSpec('int8'), None),
-  'int8-b128': ('bfloat16', QuantSpec('int8', block=128), None),
+  'int8-b64': ('bfloat16', QuantSpec('int8', block=64), None),
   'fp8': ('bfloat16', QuantSpec('fp8'), None),
   'int8-w8a8': ('bfloat16', QuantSpec('int8', activations=True), None),
   'int8+kv8': ('bfloat16', QuantSpec('int8'), 'int8'),

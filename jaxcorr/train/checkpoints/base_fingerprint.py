@@ -109,9 +109,8 @@ def check_adapters(meta: dict, lora: Any, source: str, workdir: str) -> None:
   rank = int(saved.get('rank') or 0)
   adapters = 'base_fingerprint' in meta
   export = (
-    f'or export the merged model (python -m jaxcorr.export '
-    f'--workdir={workdir} --out=DIR) and start a new run on '
-    'config.model.hf_path=DIR'
+    'or start a new --workdir (python -m jaxcorr.export '
+    f"--workdir={workdir} --out=DIR writes this run's merged policy)"
   )
   if adapters and not lora.enabled:
     raise AdapterLayoutError(

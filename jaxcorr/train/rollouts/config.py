@@ -111,8 +111,9 @@ class RolloutConfig:
   quantization_block: int = setting(
     0,
     _NAT,
-    'quantization: 0 one scale per output channel; n > 0 one per block of '
-    'n inputs (along a contracted axis n divides).',
+    'quantization: 0 one scale per output channel; n > 0 one per output '
+    'channel and block of n consecutive inputs (head-major for o_proj); n '
+    "must tile every matmul weight's inputs (docs/precision.md).",
   )
   quantize_activations: bool = setting(
     False,
