@@ -99,7 +99,10 @@ def _checkpoint(workdir: str, step: int | None) -> tuple[int, str]:
     if step is not None and step not in steps:
       raise ValueError(f'--step={step}: no such checkpoint; saved: {steps}')
     step = steps[-1] if step is None else step
-    name = ckpt.meta(step).get('config') or ''
+    try:
+      name = ckpt.meta(step).get('config') or ''
+    except Exception:  # an unreadable step: the restore reports it
+      name = ''
   return step, name
 
 
