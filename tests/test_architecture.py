@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ('jaxcorr.train',),
   (
     'jaxcorr.lab',
+    'jaxcorr.parity',
     'jaxcorr.plan',
     'jaxcorr.main',
     'jaxcorr.evaluate',
