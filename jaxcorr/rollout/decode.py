@@ -102,7 +102,7 @@ def sample_exact(keys, model, hidden, sp):
   return tok, exact, lpt - lp + exact, None
 
 
-def _exact_forward(model, tokens, store, index, extent):
+def exact_forward(model, tokens, store, index, extent):
   """Exact forward of right-padded `tokens` [R, L] at positions index +
   [0, L) of the R rows of `store` ([R, K, extent, Dh] per layer; None:
   empty) -> (hidden [R, L, D] before the final norm, the store)."""
@@ -166,7 +166,7 @@ def prefill(
   step0 = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, 0)
   if exact_extent:
     zero = jnp.zeros((r,), jnp.int32)
-    hidden, (k, v) = _exact_forward(model, tokens, None, zero, exact_extent)
+    hidden, (k, v) = exact_forward(model, tokens, None, zero, exact_extent)
     last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)
     tok, lp, lpt, _ = sample_exact(step0, model, last[source, 0], sp)
     cut = lambda x: tuple(c[:, :, :pb] for c in x)  # noqa: E731
@@ -236,7 +236,7 @@ def refill(
   n, length = context.shape
   if exact_extent:
     zero = jnp.zeros((n,), jnp.int32)
-    _, (k, v) = _exact_forward(model, context, None, zero, exact_extent)
+    _, (k, v) = exact_forward(model, context, None, zero, exact_extent)
     cut = lambda x: tuple(c[:, :, :length] for c in x)  # noqa: E731
     fresh = KVCache(k=cut(k), v=cut(v), segment_ids=None, index=None)
   else:
@@ -285,7 +285,7 @@ def step(
   keys = jax.vmap(jax.random.fold_in)(state.keys, state.steps)
   if exact_extent:
     cache, stats = state.cache, None
-    hidden, (k, v) = _exact_forward(
+    hidden, (k, v) = exact_forward(
       model, state.tokens[:, None], (cache.k, cache.v), cache.index, 0
     )
     cache = cache.replace(k=k, v=v)

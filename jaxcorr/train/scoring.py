@@ -23,9 +23,10 @@ from jaxcorr import sampling
 from jaxcorr.model import logprobs_from_hidden, token_logprobs
 from jaxcorr.model.exact import exact_token_logprobs
 from jaxcorr.model.layers import matmul_precision
-from jaxcorr.model.lora import enable_dropout
+from jaxcorr.model.lora import enable_dropout, merge_into
 from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.rollouts.stage import engine_length
+from jaxcorr.train.rollouts.weights import engine_probe
 from jaxcorr.train.run_config import RunConfig
 
 
@@ -91,8 +92,15 @@ def exact_logp(
   """π_old `[B, T]` under `rollout.exact`: `exact_token_logprobs` over the
   batch's rows (one sequence each, packed or not in the update), keys
   over the engine's cache length: the engine's μ bit for bit at the same
-  params and dtype."""
+  params and dtype. A LoRA policy whose engine merges its adapters is
+  scored merged, as the engine merges them (cast to the engine dtype,
+  then W + scale·A B: `DeliveryProbe`)."""
   model = nnx.merge(graphdef, params)
+  if run.lora.enabled and run.lora.engine_merged:
+    probe = engine_probe(run, model.config)
+    cast = probe.cast(params)
+    merged = merge_into(probe.abstract_state, cast, run.lora.scale)
+    model = nnx.merge(probe.graphdef, merged)
   logp = exact_token_logprobs(
     model,
     batch.tokens,

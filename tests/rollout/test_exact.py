@@ -18,6 +18,7 @@ import pytest
 from flax import nnx
 
 from jaxcorr.model import exact as exact_lib
+from jaxcorr.model.lora import LoraConfig, apply_lora
 from jaxcorr.rollout import driver
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.train import batch as batch_lib
@@ -30,13 +31,21 @@ _PF, _NEW = 16, 10
 _TL = _PF + _NEW
 
 
-def _run(dtype):
+LORA = LoraConfig(rank=4, alpha=8.0, target_modules='q_proj,v_proj,up_proj')
+
+
+def _run(dtype, lora=None):
   """A RunConfig whose engine has the test engine's cache length."""
   c = pulse_config()
   c.rollout.exact = True
   c.rollout.engine_dtype = dtype
   c.rollout.max_prompt_length = _PF
   c.rollout.max_new_tokens = _NEW
+  if lora is not None:
+    c.lora.rank, c.lora.alpha = lora.rank, lora.alpha
+    c.lora.target_modules = ','.join(lora.target_modules)
+    c.lora.engine_merged = lora.engine_merged
+    c.train.sft_steps = 0
   return build.build(c)
 
 
@@ -72,9 +81,9 @@ def _generate(engine, prompts, **kw):
   )
 
 
-def _trainer_logp(dtype, rollouts):
+def _trainer_logp(dtype, rollouts, model=None, lora=None):
   """π_old [B, T] of the rollouts, the trainer's way (assemble + score)."""
-  run = _run(dtype)
+  run = _run(dtype, lora)
   tb = batch_lib.assemble(
     rollouts,
     np.zeros(rollouts.batch_size, np.float32),
@@ -83,13 +92,13 @@ def _trainer_logp(dtype, rollouts):
     logprob_mode='full',
     row_multiple=1,
   )
-  graphdef, params = nnx.split(_model(dtype))
+  graphdef, params = nnx.split(model or _model(dtype))
   score = jax.jit(functools.partial(scoring.exact_logp, run, graphdef))
   return np.asarray(score(params, tb)), tb.response_mask
 
 
-def _assert_exact(dtype, rollouts):
-  logp, mask = _trainer_logp(dtype, rollouts)
+def _assert_exact(dtype, rollouts, **policy):
+  logp, mask = _trainer_logp(dtype, rollouts, **policy)
   assert mask.sum() > 40 and (mask.sum(1) > 1).all()
   assert np.array_equal(logp[mask], rollouts.rollout_logp[mask])
 
@@ -111,6 +120,28 @@ def test_mu_equals_pi_old_bit_for_bit_whatever_the_slots():
 
 def test_mu_equals_pi_old_bit_for_bit_in_bfloat16():
   _assert_exact('bfloat16', _generate(_engine('bfloat16', 3), PROMPTS))
+
+
+@pytest.mark.parametrize('merged', [True, False])
+def test_lora_engine_merged_or_not(merged):
+  """A LoRA policy (adapters nonzero): the unmerged engine runs the LoRA
+  graph as the trainer does; the merged one is matched by scoring π_old
+  with the adapters merged as the engine merges them."""
+  lora = LoraConfig(**{**vars(LORA), 'engine_merged': merged})
+  model = apply_lora(random_model(tiny_config()), lora)
+  rng = np.random.default_rng(1)
+  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    if path[-1] == 'lora_b':
+      var.set_value(jnp.asarray(0.3 * rng.normal(size=var.shape), jnp.float32))
+  engine = PolicyEngine(
+    model,
+    max_concurrent_decodes=3,
+    max_prefill_length=_PF,
+    max_target_length=_TL,
+    lora=lora,
+    exact=True,
+  )
+  _assert_exact('float32', _generate(engine, PROMPTS), model=model, lora=lora)
 
 
 @nnx.jit
