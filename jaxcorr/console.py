@@ -169,7 +169,8 @@ def parse_flags(
 def _missing_field(error: BaseException, argv: Sequence[str]) -> str:
   """ml_collections' KeyError for `--config.a.b=v` naming no field, e.g.
   `'num_step'\nDid you mean "num_steps" instead of "num_step"?`, as
-  `--config.train.num_step=5: no field 'num_step' (Did you mean ...)`.
+  `--config.train.num_step=5: the config has no field 'num_step' (Did you
+  mean ...)`.
   Re-raised when no override names the key (a config file's own bug)."""
   inner: Any = error
   while inner.args and isinstance(inner.args[0], BaseException):
