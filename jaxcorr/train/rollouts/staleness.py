@@ -206,6 +206,15 @@ class EmptyBatches:
         "rollout.staleness_policy='wait', a larger rollout.max_staleness "
         f'or a smaller rollout.queue_size (now {self.queue_size})'
       )
+    elif metrics.get('agent/env_errors', 0.0) > 0:
+      # An environment's failure ends its trajectory as an ABORT row
+      # (jaxcorr/agents/failures.py): name the environment, not the engine.
+      why = (
+        f'{errors:.0%} of the rows are ERROR or ABORT rows, '
+        f"{metrics['agent/env_errors']:.0f} of them the environment's "
+        'failures (agent/env_errors)'
+      )
+      fix = 'the environment (the warning lines above name its first failure)'
     else:
       why = f'{errors:.0%} of the rows are engine ERROR or ABORT rows'
       fix = 'the engine (its log says why it failed the rows)'

@@ -579,3 +579,24 @@ def test_a_run_of_batches_with_nothing_left_warns_then_stops(caplog):
     r'smaller rollout.queue_size',
   ):
     step(stale)
+
+
+def test_an_empty_batch_of_environment_failures_names_the_environment(caplog):
+  """Rows an environment failed are ABORT rows (jaxcorr/agents/failures.py):
+  the empty-batch warning names the environment and agent/env_errors, not
+  the engine; engine-only failures still point at the engine."""
+  empty = staleness.EmptyBatches(
+    limit=5, policy='wait', max_staleness=None, queue_size=1
+  )
+  empty.check(0, 0.0, {'rollout/finish_abort_fraction': 1.0})
+  empty.check(
+    1, 0.0, {'rollout/finish_abort_fraction': 1.0, 'agent/env_errors': 16.0}
+  )
+  engine, env = [
+    r.getMessage()
+    for r in caplog.records
+    if 'trained on nothing' in r.getMessage()
+  ]
+  assert 'engine ERROR or ABORT rows' in engine and 'check the engine' in engine
+  assert "16 of them the environment's failures (agent/env_errors)" in env
+  assert 'check the environment' in env and 'engine' not in env
