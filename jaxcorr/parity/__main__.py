@@ -19,6 +19,7 @@ tiny model of its config otherwise; --config and --settings do not apply.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Sequence
 from typing import Any
@@ -49,8 +50,9 @@ def smollm2_available() -> bool:
 
 
 def docs_plan() -> list[tuple[Setting, str, Any]]:
-  """(setting, model label, ConfigDict) of `--all` (module docstring);
-  exact mode's row when the config has `rollout.exact`."""
+  """(setting, model label, ConfigDict) of `--all` (module docstring),
+  the tiny models' rows first; exact mode's row when the config has
+  `rollout.exact`."""
   smol = smollm2_available()
   plan = []
   for s in (*settings_lib.SETTINGS, settings_lib.EXACT):
@@ -65,7 +67,9 @@ def docs_plan() -> list[tuple[Setting, str, Any]]:
     ):
       continue
     plan.append((s, label, settings_lib.apply(s, base)))
-  return plan
+  # Grouped by model, the tiny ones first (a failing special config shows
+  # in minutes, not after the SmolLM2 rows).
+  return sorted(plan, key=lambda entry: entry[1] == 'SmolLM2-135M')
 
 
 def cli_plan(
@@ -100,9 +104,21 @@ def run_plan(plan, workdir: str | None) -> list[dict[str, Any]]:
   with tempfile.TemporaryDirectory(dir=workdir) as scratch:
     compile_cache.enable(os.path.join(scratch, 'compile_cache'), '')
     for setting, model, config in plan:
-      records.append(_record(setting, model, measure(config, scratch)))
+      try:
+        record = _record(setting, model, measure(config, scratch))
+      except Exception as e:  # one row fails, not the plan
+        first = (str(e).strip().splitlines() or [''])[0]
+        why = f'{type(e).__name__}: {first[:300]}'
+        record = dict(_record_head(setting, model, 0.0), bands={}, error=why)
+        print(f'error: setting {setting.name!r}: {why}', file=sys.stderr)
+      records.append(record)
       print(report.markdown_table(records[-1:]).splitlines()[-1], flush=True)
   return records
+
+
+def _record_head(setting: Setting, model: str, seconds: float):
+  return dict(setting=setting.name, what=setting.what, model=model,
+              seconds=seconds)  # fmt: skip
 
 
 def _record(setting: Setting, model: str, m: Any) -> dict[str, Any]:
@@ -117,13 +133,7 @@ def _record(setting: Setting, model: str, m: Any) -> dict[str, Any]:
     argmax_mu=m.argmax_mu,
     argmax_mask=m.argmax_mask,
   )
-  return dict(
-    setting=setting.name,
-    what=setting.what,
-    model=model,
-    seconds=m.seconds,
-    bands=bands,
-  )
+  return dict(_record_head(setting, model, m.seconds), bands=bands)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -144,13 +154,13 @@ def main(argv: Sequence[str]) -> None:
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   print(report.markdown_table([]), flush=True)  # the head; rows follow
-  try:
-    records = run_plan(plan, f.workdir)
-  except ValueError as e:
-    raise app.UsageError(str(e)) from None
+  records = run_plan(plan, f.workdir)
   if f.out:
     for path in report.write(records, f.out):
       print(f'wrote {path}')
+  failed = [r['setting'] for r in records if 'error' in r]
+  if failed:
+    sys.exit(f'error: {len(failed)} setting(s) failed: {", ".join(failed)}')
 
 
 def _config_file() -> str:

@@ -1,7 +1,8 @@
 """The parity report's outputs: one markdown table, one PNG, the JSON.
 
 A record is `{'setting', 'what', 'model', 'seconds', 'bands'}` with
-`bands` from `parity_bands`. `write(records, out)` writes
+`bands` from `parity_bands` (empty, with an `'error'` line, for a setting
+that failed). `write(records, out)` writes
 `results.json`, `results.md` (the table) and `parity.png` (matplotlib,
 imported only here) into `out`, each atomically.
 """
@@ -53,7 +54,8 @@ def settings_table(records: Sequence[Mapping[str, Any]]) -> str:
   """What each setting is, and how long its measurement took."""
   lines = ['| setting | what | seconds |', '|---|---|---|']
   for r in records:
-    lines.append(f'| `{r["setting"]}` | {r["what"]} | {r["seconds"]:.0f} |')
+    what = r['what'] + (f' (**failed**: {r["error"]})' if 'error' in r else '')
+    lines.append(f'| `{r["setting"]}` | {what} | {r["seconds"]:.0f} |')
   return '\n'.join(lines)
 
 
