@@ -39,7 +39,7 @@ class ByteTokenizer:
   string encodes, so no prompt, template or observation is refused; and
   259 embedding rows cost a tiny model little (33k parameters at hidden
   size 128). The price is length: one token per byte, about 4x a BPE's
-  count on English, which short tasks (a 70-byte reasoning-gym question)
+  count on English, which short tasks (a 67-byte reasoning-gym question)
   afford. The special ids are `CharTokenizer`'s, so code that reads them
   (export's model config) sees the same ids for either vocabulary.
   """
@@ -57,14 +57,17 @@ class ByteTokenizer:
 
   def decode(self, ids: Sequence[int]) -> str:
     """Ids -> text: stops at the first EOS, skips PAD and BOS; bytes that
-    are not UTF-8 (a sampled id may split a character) decode to U+FFFD."""
+    are not UTF-8 (a sampled id may split a character) and ids past the
+    vocabulary (a model with more embedding rows) decode to U+FFFD, which
+    never matches an answer."""
     out = bytearray()
     for raw in ids:
       i = int(raw)
       if i == self.eos_id:
         break
       if i >= _SPECIALS:
-        out.append(i - _SPECIALS)
+        # 0xFF is never UTF-8: it decodes to U+FFFD.
+        out.append(i - _SPECIALS if i < self.vocab_size else 0xFF)
     return out.decode('utf-8', errors='replace')
 
 

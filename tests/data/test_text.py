@@ -35,6 +35,8 @@ def test_bytes_specials_are_the_character_vocabulary_s():
   e_acute = list('é'.encode())
   ids = [1, 0, e_acute[0] + 3, ord('a') + 3, 2, ord('b') + 3]
   assert byte.decode(ids) == '\ufffda'
+  # An id past the vocabulary (vocab_size 320 > 259 embedding rows).
+  assert byte.decode([ord('7') + 3, 300]) == '7\ufffd'
 
 
 def test_make_tokenizer_picks_the_vocabulary():
