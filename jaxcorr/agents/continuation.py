@@ -37,7 +37,7 @@ import numpy as np
 from flax import nnx
 
 from jaxcorr.model import KVCache
-from jaxcorr.rollout.decode import sample_rows
+from jaxcorr.rollout.decode import exact_forward, sample_exact, sample_rows
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.layout import bucket_of, pow2_buckets
 from jaxcorr.rollout.state import DecodeState
@@ -68,10 +68,12 @@ def extend(
   stop_ids,
   *,
   attend_len,
+  exact_extent=0,
 ):
   """slots [M] (N = padding, dropped), tokens [M, L] right-padded, lengths
   [M], keys [M, 2] the next turn's keys, limits [M] its token budgets ->
-  (state, token [M], logp [M], logp_truncated [M])."""
+  (state, token [M], logp [M], logp_truncated [M]); in exact mode
+  (`exact_extent` > 0) the engine's exact forward and sampling."""
   model = nnx.merge(graphdef, params)
   n = state.tokens.shape[0]
   rows = jnp.minimum(slots, n - 1)  # padding rows read any slot
@@ -82,12 +84,20 @@ def extend(
     segment_ids=None,
     index=cache.index[rows],
   )
-  hidden, sub = model.hidden_states(tokens, cache=sub, attend_len=attend_len)
-  last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)
-  logits = model.logits(last)[:, 0]
   step0 = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, 0)
   sp = state.sampling[rows]
-  tok, lp, lpt, _ = sample_rows(step0, logits, sp)
+  if exact_extent:
+    hidden, (k, v), _ = exact_forward(
+      model, tokens, (sub.k, sub.v), sub.index, 0
+    )
+    sub = sub.replace(k=k, v=v)
+  else:
+    hidden, sub = model.hidden_states(tokens, cache=sub, attend_len=attend_len)
+  last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)
+  if exact_extent:
+    tok, lp, lpt, _ = sample_exact(step0, model, last[:, 0], sp)
+  else:
+    tok, lp, lpt, _ = sample_rows(step0, model.logits(last)[:, 0], sp)
 
   def put(dst, x):
     return dst.at[slots].set(x.astype(dst.dtype), mode='drop')
@@ -126,7 +136,11 @@ class Continuation:
     # The engine's own graph: a LoRA engine's weights do not fit a plain
     # Transformer's.
     self._extend = jax.jit(
-      functools.partial(extend, engine.programs.graphdef),
+      functools.partial(
+        extend,
+        engine.programs.graphdef,
+        exact_extent=engine.layout.exact_extent,
+      ),
       donate_argnums=(1,),
       static_argnames=('attend_len',),
     )

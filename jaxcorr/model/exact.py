@@ -46,6 +46,7 @@ from jaxcorr.model.layers import (
   rope_frequencies,
   rope_tables,
 )
+from jaxcorr.model.moe import MoEBlock
 from jaxcorr.model.quantized_weights import embed_rows, project
 from jaxcorr.model.transformer import mask_padded_vocab
 
@@ -125,49 +126,57 @@ def _attend(keys: jax.Array, values: jax.Array, precision: Any):
 
 
 def _residual(layer: Any):
-  """Tile fn: (x [t, D], attention out [t, H, Dh]) -> the layer's output."""
+  """Tile fn: (x [t, D], attention out [t, H, Dh]) -> (the layer's output,
+  an MoE layer's experts [t, k] or None). An MoE block runs every expert
+  on every token (`moe_dispatch='dense'`): the grouped dispatch's GEMM
+  shapes depend on which tokens share the tile."""
 
   def fn(x, o):
     x = x[None] + layer.attn.o_proj(o[None])
-    return (x + layer.mlp(layer.mlp_norm(x)))[0]
+    h = layer.mlp_norm(x)
+    if not isinstance(layer.mlp, MoEBlock):
+      return (x + layer.mlp(h))[0], None
+    y, stats = layer.mlp(h, dispatch='dense')
+    return (x + y)[0], stats.experts[0]
 
   return fn
 
 
 def _layer(layer, x, pos, row, kv, inv_freq, precision):
   """One decoder layer over tokens [M]; writes their k/v into the store
-  (rows >= R are dropped: padding tokens) before attending."""
-  if not hasattr(layer, 'mlp'):
-    raise ValueError(
-      'rollout.exact supports dense policies only (an MoE layer has no '
-      'exact path yet); set config.rollout.exact=False'
-    )
+  (rows >= R are dropped: padding tokens) before attending. Returns (x,
+  the store, experts [M, k] or None)."""
   q, k, v = token_tiles(_qkv(layer, inv_freq), x, pos)
   keys, values = (
     s.at[row, :, pos].set(new.astype(s.dtype), mode='drop')
     for s, new in zip(kv, (k, v))
   )
   o = token_tiles(_attend(keys, values, precision), q, pos, row)
-  return token_tiles(_residual(layer), x, o), (keys, values)
+  x, experts = token_tiles(_residual(layer), x, o)
+  return x, (keys, values), experts
 
 
 def exact_hidden(
   model: Any, tokens: jax.Array, pos: jax.Array, row: jax.Array, kv: Store
-) -> tuple[jax.Array, Store]:
+) -> tuple[jax.Array, Store, jax.Array | None]:
   """tokens, pos, row [M] (a token, its position in its sequence, its
   sequence's row of the store; row >= R: padding, neither stored nor
   read) -> (hidden [M, D] before the final norm, the store with every
-  token's keys/values written)."""
+  token's keys/values written, the MoE layers' experts [M, L_moe, k] or
+  None for a dense policy)."""
   cfg = model.config
   inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
   precision = matmul_precision(cfg)
   x = embed_rows(model.embed.get_value(), tokens, cfg.dtype)
-  new_k, new_v = [], []
+  new_k, new_v, experts = [], [], []
   for layer, k, v in zip(model.layer_list(), *kv):
-    x, (k, v) = _layer(layer, x, pos, row, (k, v), inv_freq, precision)
+    x, (k, v), e = _layer(layer, x, pos, row, (k, v), inv_freq, precision)
     new_k.append(k)
     new_v.append(v)
-  return x, (tuple(new_k), tuple(new_v))
+    if e is not None:
+      experts.append(e)
+  routing = jnp.stack(experts, axis=1) if experts else None
+  return x, (tuple(new_k), tuple(new_v)), routing
 
 
 def exact_logits(
@@ -200,12 +209,12 @@ def exact_token_logprobs(
   segment_ids: jax.Array,
   temperature: jax.Array,
   extent: int,
-) -> jax.Array:
-  """The trainer's side: log q(tokens[:, i + 1] | ...) [B, L - 1] of rows
-  `tokens` [B, L] whose real tokens have `segment_ids` != 0 (one sequence
-  per row, prompts possibly left-padded), temperature [B], over stores of
-  `extent` positions (the engine's cache length). Off-segment positions
-  hold garbage."""
+) -> tuple[jax.Array, jax.Array | None]:
+  """The trainer's side: (log q(tokens[:, i + 1] | ...) [B, L - 1], the
+  MoE routing [B, L, L_moe, k] or None) of rows `tokens` [B, L] whose real
+  tokens have `segment_ids` != 0 (one sequence per row, prompts possibly
+  left-padded), temperature [B], over stores of `extent` positions (the
+  engine's cache length). Off-segment positions hold garbage."""
   b, length = tokens.shape
   real = segment_ids != 0
   pos = jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1
@@ -215,7 +224,7 @@ def exact_token_logprobs(
     )
   row = jnp.where(real, jnp.arange(b, dtype=jnp.int32)[:, None], b)
   flat = lambda x: x.reshape(-1)  # noqa: E731
-  hidden, _ = exact_hidden(
+  hidden, _, experts = exact_hidden(
     model,
     flat(tokens),
     flat(jnp.maximum(pos, 0)),
@@ -226,4 +235,6 @@ def exact_token_logprobs(
   z, lse = exact_logits(model, hidden, flat(temp))
   nxt = flat(jnp.pad(tokens[:, 1:], ((0, 0), (0, 1))))
   logp = jnp.take_along_axis(z, nxt[:, None], axis=-1)[:, 0] - lse
-  return logp.reshape(b, length)[:, :-1]
+  if experts is not None:
+    experts = experts.reshape(b, length, *experts.shape[1:])
+  return logp.reshape(b, length)[:, :-1], experts

@@ -263,11 +263,14 @@ class MoEBlock(nnx.Module):
     x: jax.Array,
     replay: jax.Array | None = None,
     token_mask: jax.Array | None = None,
+    dispatch: str | None = None,
   ) -> tuple[jax.Array, RouterStats]:
     """x [B, S, D] -> (y [B, S, D], stats with [B, S, k] experts, scalars).
 
     replay: [B, S, k] int expert ids (`NO_EXPERT` rows: route freely);
-    token_mask: [B, S] bool, the tokens the balance statistics count.
+    token_mask: [B, S] bool, the tokens the balance statistics count;
+    dispatch: overrides `moe_dispatch` ('dense': each token's result
+    independent of the others', what exact mode needs).
     """
     b, s, d = x.shape
     flat = x.reshape(b * s, d)
@@ -285,7 +288,7 @@ class MoEBlock(nnx.Module):
       else token_mask.reshape(-1).astype(bool)
     )
     aux, z, load = balance_stats(logits, natural, mask)
-    run = _DISPATCH[self.dispatch]
+    run = _DISPATCH[dispatch or self.dispatch]
     kernels, adapters = self._experts()
     y = run(
       flat.astype(self.dtype),

@@ -105,16 +105,19 @@ def sample_exact(keys, model, hidden, sp):
 def exact_forward(model, tokens, store, index, extent):
   """Exact forward of right-padded `tokens` [R, L] at positions index +
   [0, L) of the R rows of `store` ([R, K, extent, Dh] per layer; None:
-  empty) -> (hidden [R, L, D] before the final norm, the store)."""
+  empty) -> (hidden [R, L, D] before the final norm, the store, the MoE
+  routing [R, L, L_moe, k] or None)."""
   r, length = tokens.shape
   if store is None:
     store = exact_lib.empty_store(model.config, r, extent)
   pos = index[:, None] + jnp.arange(length, dtype=jnp.int32)
   row = jnp.broadcast_to(jnp.arange(r, dtype=jnp.int32)[:, None], (r, length))
-  hidden, store = exact_lib.exact_hidden(
+  hidden, store, experts = exact_lib.exact_hidden(
     model, tokens.reshape(-1), pos.reshape(-1), row.reshape(-1), store
   )
-  return hidden.reshape(r, length, -1), store
+  if experts is not None:
+    experts = experts.reshape(r, length, *experts.shape[1:])
+  return hidden.reshape(r, length, -1), store, experts
 
 
 def init_state(
@@ -166,12 +169,15 @@ def prefill(
   step0 = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, 0)
   if exact_extent:
     zero = jnp.zeros((r,), jnp.int32)
-    hidden, (k, v) = exact_forward(model, tokens, None, zero, exact_extent)
+    hidden, (k, v), experts = exact_forward(
+      model, tokens, None, zero, exact_extent
+    )
     last = jnp.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)
     tok, lp, lpt, _ = sample_exact(step0, model, last[source, 0], sp)
     cut = lambda x: tuple(c[:, :, :pb] for c in x)  # noqa: E731
     cache = KVCache(k=cut(k), v=cut(v), segment_ids=None, index=lengths)
-    return Prefix(cache, source, tok, lp, lpt, keys, sp)
+    routing = None if experts is None else experts[source]
+    return Prefix(cache, source, tok, lp, lpt, keys, sp, routing=routing)
   cache = model.init_cache(r, pb)
   cache = cache.replace(segment_ids=None)
   # Causal attention: the right padding after a prompt's last token changes
@@ -236,7 +242,7 @@ def refill(
   n, length = context.shape
   if exact_extent:
     zero = jnp.zeros((n,), jnp.int32)
-    _, (k, v) = exact_forward(model, context, None, zero, exact_extent)
+    _, (k, v), _ = exact_forward(model, context, None, zero, exact_extent)
     cut = lambda x: tuple(c[:, :, :length] for c in x)  # noqa: E731
     fresh = KVCache(k=cut(k), v=cut(v), segment_ids=None, index=None)
   else:
@@ -284,8 +290,8 @@ def step(
   model = nnx.merge(graphdef, params)
   keys = jax.vmap(jax.random.fold_in)(state.keys, state.steps)
   if exact_extent:
-    cache, stats = state.cache, None
-    hidden, (k, v) = exact_forward(
+    cache = state.cache
+    hidden, (k, v), experts = exact_forward(
       model, state.tokens[:, None], (cache.k, cache.v), cache.index, 0
     )
     cache = cache.replace(k=k, v=v)
@@ -294,6 +300,7 @@ def step(
     hidden, cache, stats = model.routed_hidden_states(
       state.tokens[:, None], cache=state.cache, attend_len=attend_len
     )
+    experts = None if stats is None else stats.experts
     logits = model.logits(hidden)[:, 0]  # [N, V] float32
     tok, lp, lpt, kept = sample_rows(
       keys, logits, state.sampling, kept_capacity
@@ -304,7 +311,7 @@ def step(
     tokens=jnp.where(advance, tok, state.tokens),
     steps=state.steps + step_on,
   )
-  routing = None if stats is None else stats.experts[:, 0]
+  routing = None if experts is None else experts[:, 0]
   return state, tok, lp, lpt, kept, routing
 
 

@@ -86,25 +86,13 @@ def prepare(
       return sg(scoring.in_chunks(logp, p, batch, chunks))
     return sg(packed_forward.in_micro_batches(packed_logp, p, packed, b))
 
-  def routed_logp(p, rows):
-    out, stats = scoring.response_logp(run, graphdef, p, rows, routing=True)
-    return out, stats.experts
-
   b = batch.rows
   if run.decoupled:
     old = params
     if run.rollout.matched_precision:  # the engine's quantized weights
       old = matched_params(run, graphdef, params)
-    if run.moe.router_replay == 'old':
-      # R2: π_old's own routing, replayed by every update micro-batch.
-      old_logp, experts = scoring.in_chunks(routed_logp, old, batch, chunks)
-      batch = batch.replace(old_logp=sg(old_logp), old_experts=experts)
-    elif run.rollout.exact:
-      exact = functools.partial(scoring.exact_logp, run, graphdef)
-      old_logp = scoring.in_chunks(exact, old, batch, chunks)
-      batch = batch.replace(old_logp=sg(old_logp))
-    else:
-      batch = batch.replace(old_logp=policy_logp(old))
+    old_logp, experts = _old_logp(run, graphdef, old, batch, policy_logp)
+    batch = batch.replace(old_logp=sg(old_logp), old_experts=experts)
   if run.needs_ref:
     batch = batch.replace(ref_logp=policy_logp(ref_params))
   if run.critic.enabled:
@@ -134,6 +122,28 @@ def prepare(
     metrics.update(c.metrics)
   metrics.update(_batch_metrics(batch))
   return kl_ctrl, batch, metrics
+
+
+def _routed_logp(run: RunConfig, graphdef: Any, p: Any, rows: TrainBatch):
+  out, stats = scoring.response_logp(run, graphdef, p, rows, routing=True)
+  return out, stats.experts
+
+
+def _old_logp(run, graphdef, old, batch, policy_logp) -> tuple[Any, Any]:
+  """(π_old `[B, T]`, its MoE routing for R2 or None): the exact forward
+  (`rollout.exact`, over the batch's own rows), the routed forward whose
+  routing every update micro-batch replays (R2:
+  `moe.router_replay='old'`), or `policy_logp`."""
+  r2 = run.moe.router_replay == 'old'
+  if run.rollout.exact:
+    fn = functools.partial(scoring.exact_logp, run, graphdef, routing=r2)
+  elif r2:
+    fn = functools.partial(_routed_logp, run, graphdef)
+  else:
+    return policy_logp(old), None
+  chunks = run.train.mini_batches * run.train.micro_batches
+  out = scoring.in_chunks(fn, old, batch, chunks)
+  return out if r2 else (out, None)
 
 
 def gap_arguments(run: RunConfig, version_gap: Any) -> dict[str, Any]:

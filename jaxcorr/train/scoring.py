@@ -87,28 +87,36 @@ def response_logp(
 
 
 def exact_logp(
-  run: RunConfig, graphdef: Any, params: Any, batch: TrainBatch
-) -> jax.Array:
+  run: RunConfig,
+  graphdef: Any,
+  params: Any,
+  batch: TrainBatch,
+  *,
+  routing: bool = False,
+) -> Any:
   """π_old `[B, T]` under `rollout.exact`: `exact_token_logprobs` over the
   batch's rows (one sequence each, packed or not in the update), keys
   over the engine's cache length: the engine's μ bit for bit at the same
   params and dtype. A LoRA policy whose engine merges its adapters is
   scored merged, as the engine merges them (cast to the engine dtype,
-  then W + scale·A B: `DeliveryProbe`)."""
+  then W + scale·A B: `DeliveryProbe`). With `routing`, also the MoE
+  routing `[B, P + T, L_moe, k]` (R2's `old_experts`)."""
   model = nnx.merge(graphdef, params)
   if run.lora.enabled and run.lora.engine_merged:
     probe = engine_probe(run, model.config)
     cast = probe.cast(params)
     merged = merge_into(probe.abstract_state, cast, run.lora.scale)
     model = nnx.merge(probe.graphdef, merged)
-  logp = exact_token_logprobs(
+  logp, experts = exact_token_logprobs(
     model,
     batch.tokens,
     batch.segment_ids,
     batch.temperature,
     engine_length(run),
   )
-  return at_response(logp, batch)
+  return (
+    (at_response(logp, batch), experts) if routing else at_response(logp, batch)
+  )
 
 
 def _dense_logp(run: RunConfig, model: Any, batch: TrainBatch, entropy: bool):

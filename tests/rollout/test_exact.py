@@ -81,8 +81,10 @@ def _generate(engine, prompts, **kw):
   )
 
 
-def _trainer_logp(dtype, rollouts, model=None, lora=None):
-  """π_old [B, T] of the rollouts, the trainer's way (assemble + score)."""
+def _trainer_logp(dtype, rollouts, model=None, lora=None, routing=False):
+  """π_old [B, T] of the rollouts, the trainer's way (assemble + score),
+  and the response mask (and with `routing` the MoE routing and the
+  trainer batch)."""
   run = _run(dtype, lora)
   tb = batch_lib.assemble(
     rollouts,
@@ -93,8 +95,13 @@ def _trainer_logp(dtype, rollouts, model=None, lora=None):
     row_multiple=1,
   )
   graphdef, params = nnx.split(model or _model(dtype))
-  score = jax.jit(functools.partial(scoring.exact_logp, run, graphdef))
-  return np.asarray(score(params, tb)), tb.response_mask
+  score = jax.jit(
+    functools.partial(scoring.exact_logp, run, graphdef, routing=routing)
+  )
+  out = score(params, tb)
+  if routing:
+    return np.asarray(out[0]), tb.response_mask, np.asarray(out[1]), tb
+  return np.asarray(out), tb.response_mask
 
 
 def _assert_exact(dtype, rollouts, **policy):
@@ -144,6 +151,38 @@ def test_lora_engine_merged_or_not(merged):
   _assert_exact('float32', _generate(engine, PROMPTS), model=model, lora=lora)
 
 
+def test_moe_engine_records_the_exact_routing():
+  """An MoE policy (Qwen3-MoE shaped, a dense first layer): μ == π_old,
+  and the routing the engine records for R3 is the trainer's exact
+  forward's on every token it fed (prompt and response)."""
+  cfg = tiny_config(
+    architecture='Qwen3MoeForCausalLM',
+    qkv_bias=False,
+    qk_norm=True,
+    moe_intermediate_size=16,
+    num_experts=8,
+    num_experts_per_tok=2,
+    mlp_only_layers=(0,),
+  )
+  model = random_model(cfg)
+  engine = PolicyEngine(
+    model,
+    max_concurrent_decodes=3,
+    max_prefill_length=_PF,
+    max_target_length=_TL,
+    exact=True,
+  )
+  rollouts = _generate(engine, PROMPTS)
+  logp, mask, experts, tb = _trainer_logp(
+    'float32', rollouts, model=model, routing=True
+  )
+  assert np.array_equal(logp[mask], rollouts.rollout_logp[mask])
+  recorded = np.asarray(tb.routed_experts)
+  fed = recorded[..., 0, 0] >= 0
+  assert fed.sum() > 40 and (fed <= np.asarray(tb.segment_ids != 0)).all()
+  assert np.array_equal(recorded[fed], experts[fed])
+
+
 @nnx.jit
 def _exact_argmax(model, tokens):
   """Greedy tokens [B, L] of right-padded rows under the exact forward."""
@@ -151,7 +190,8 @@ def _exact_argmax(model, tokens):
   pos = jnp.tile(jnp.arange(length), b)
   row = jnp.repeat(jnp.arange(b), length)
   store = exact_lib.empty_store(model.config, b, _TL)
-  hidden, _ = exact_lib.exact_hidden(model, tokens.reshape(-1), pos, row, store)
+  tokens = tokens.reshape(-1)
+  hidden, _, _ = exact_lib.exact_hidden(model, tokens, pos, row, store)
   z, _ = exact_lib.exact_logits(model, hidden, jnp.ones(b * length))
   return jnp.argmax(z, axis=-1).reshape(b, length)
 

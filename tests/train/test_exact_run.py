@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from configs import arith_tool
 from jaxcorr.train.loop import Trainer
 from tests.helpers.trainer_config import pulse_config
 
@@ -51,3 +52,21 @@ def test_exact_run_has_no_gap_at_staleness_0(tmp_path):
       assert corr[name] == 1.0, (name, corr[name])
     assert corr['training_log_ppl'] == corr['rollout_log_ppl']
     assert r['batch/valid_tokens'] > 0
+
+
+def test_exact_multi_turn_run_has_no_gap(tmp_path):
+  """configs/arith_tool.py (calculator turns, each continued on its slot's
+  KV cache): the environment's tokens are prefilled onto the cache by the
+  exact forward too, so the agent tokens' μ is π_old bit for bit."""
+  config = arith_tool.get_config('pulse+decoupled_token_is')
+  config.rollout.exact = True
+  config.train.num_steps = 1
+  config.train.eval_every = 0
+  trainer = Trainer.from_config(config, str(tmp_path), config_name='test')
+  trainer.train()
+  with open(tmp_path / 'metrics.jsonl') as f:
+    rows = [json.loads(line) for line in f if '"step": 0' not in line]
+  assert rows and all(r['agent/env_tokens_mean'] > 0 for r in rows)
+  for r in rows:
+    assert r['rollout_corr/kl'] == 0.0 and r['rollout_corr/k3_kl'] == 0.0
+    assert r['rollout_corr/log_ppl_abs_diff'] == 0.0
