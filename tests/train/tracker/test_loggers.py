@@ -16,7 +16,7 @@ import pytest
 
 from jaxcorr.train import build
 from jaxcorr.train.loop import Trainer
-from jaxcorr.train.tracker import background, metrics, sinks
+from jaxcorr.train.tracker import background, metrics, sinks, wandb_sink
 from jaxcorr.train.tracker.mlflow_sink import mlflow_name
 from tests.helpers.logger_records import (
   mlflow_run,
@@ -243,3 +243,36 @@ def test_missing_package_names_the_extra():
   assert 'config.train.loggers' in str(e.value)
   assert 'pip install "jaxcorr[mlflow]"' in str(e.value)
   sinks.check_installed('tensorboard,jsonl', find=lambda module: None)
+
+
+def test_an_unreachable_wandb_server_delays_training_a_few_seconds(
+  offline, monkeypatch, caplog
+):
+  """W&B online against a loopback socket that never answers used to hold
+  the trainer for W&B's own start time-out (90 s); the run start is
+  bounded by `wandb_sink.INIT_TIMEOUT_S` (here 2 s through
+  WANDB_INIT_TIMEOUT), then the logger is dropped with a warning naming
+  the server, and every step still reaches metrics.jsonl."""
+  import wandb
+
+  # Earlier tests' offline runs leave W&B's service process behind, with
+  # their environment; a trainer process starts one service, online here.
+  wandb.teardown()
+  monkeypatch.delenv('WANDB_INIT_TIMEOUT', raising=False)
+  assert wandb_sink.init_timeout() == wandb_sink.INIT_TIMEOUT_S <= 10
+  workdir = offline / 'run'
+  with _dead_server('silent') as uri:
+    monkeypatch.setenv('WANDB_MODE', 'online')
+    monkeypatch.setenv('WANDB_BASE_URL', uri)
+    monkeypatch.setenv('WANDB_API_KEY', 'x' * 40)
+    monkeypatch.setenv('WANDB_INIT_TIMEOUT', '2')
+    start = time.monotonic()
+    opened = sinks.open_sinks('wandb', str(workdir), config=CONFIG)
+    assert time.monotonic() - start < 2.0 + 8.0  # + a loaded CI's start
+    assert opened == []
+    with metrics.MetricWriter(str(workdir), sinks=opened) as w:
+      for step, values in STEPS.items():
+        w.write(step, values)
+  assert 'logger wandb disabled' in caplog.text
+  assert f'server {uri}, init timeout 2 s' in caplog.text
+  assert [r['step'] for r in metrics.read_metrics(str(workdir))] == [0, 1, 2]
