@@ -72,7 +72,14 @@ setup(
       # LoRA adapters exported as PEFT directories load in peft
       # (tests/model/test_peft_io.py, tests/train/test_lora_run.py).
       'peft>=0.21',
+      # The OpenAI-compatible endpoint (jaxcorr/endpoint) and its agent
+      # tests: the official client as the agent.
+      'fastapi>=0.110',
+      'uvicorn>=0.29',
+      'openai>=1.50',
     ],
+    # jaxcorr/endpoint: agents that speak the OpenAI API (docs/agents.md).
+    'endpoint': ['fastapi>=0.110', 'uvicorn>=0.29', 'openai>=1.50'],
     # The math_verify reward (jaxcorr.rewards.verifiers): math-verify brings
     # sympy and an ANTLR LaTeX parser, which a trainer on its own tasks
     # never imports, so it is an extra, not a core requirement.

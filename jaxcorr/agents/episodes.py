@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
+from absl import logging
 
 from jaxcorr.agents.config import AgentConfig
 from jaxcorr.agents.continuation import Continuation, cache_headroom
@@ -188,7 +189,13 @@ class AgentRollouts:
         self.runner.session(self.tokenizer, tr.tool_outcomes)
       )
       stage = 'reset'
-      tr.prompt = self.turns.prompt_ids(env.reset(ex))
+      opening = env.reset(ex)
+      # Messages go through the chat template; ids (an OpenAI completions
+      # prompt, jaxcorr/endpoint) are the prompt as they are.
+      if opening and not isinstance(opening[0], dict):
+        tr.prompt = [int(i) for i in opening]
+      else:
+        tr.prompt = self.turns.prompt_ids(opening)
     except Exception as err:  # the environment's failure: contained
       tr.fail(describe(stage, err))
       return None
@@ -204,7 +211,11 @@ class AgentRollouts:
     """Finished episodes (any order) as a batch in row order, with the
     final answers, turn rewards and metrics (the tool calls are those of
     these trajectories). `EnvironmentFailing` when more than
-    `max_env_error_fraction` of them failed."""
+    `max_env_error_fraction` of them failed. An environment with a
+    `finish(trajectory)` method is told its trajectory is over (the
+    endpoint's sessions record it and end)."""
+    for e in done:
+      _finish(e)
     trajectories = sorted((e.trajectory for e in done), key=lambda t: t.row)
     check_bound(
       self.cfg.environment,
@@ -297,6 +308,17 @@ class AgentRollouts:
 
   def close(self) -> None:
     self.runner.close()
+
+
+def _finish(episode: Episode) -> None:
+  finish = getattr(episode.env, 'finish', None)
+  if finish is None:
+    return
+  try:
+    finish(episode.trajectory)
+  except Exception:  # bookkeeping after the trajectory: never the run's
+    logging.warning('finish of trajectory %d failed', episode.trajectory.row)
+    logging.debug('finish', exc_info=True)
 
 
 def trajectory_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
