@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcorr import sampling
-from jaxcorr.model import logprobs_from_hidden, token_logprobs
+from jaxcorr.model import Transformer, logprobs_from_hidden, token_logprobs
 from jaxcorr.model.exact import exact_token_logprobs
 from jaxcorr.model.layers import matmul_precision
 from jaxcorr.model.lora import enable_dropout, merge_into
@@ -86,6 +86,28 @@ def response_logp(
   return (out, stats) if routing else out
 
 
+def engine_model(run: RunConfig, graphdef: Any, params: Any) -> Any:
+  """The policy `params` as the rollout engine holds them: floating leaves
+  cast to `rollout.engine_dtype`, in a graph computing in it; a LoRA
+  policy's adapters merged when the engine merges them (`DeliveryProbe`:
+  cast, then W + scale·A B, the engine's own steps)."""
+  cfg = nnx.merge(graphdef, params).config
+  if run.lora.enabled:
+    probe = engine_probe(run, cfg)
+    state = probe.cast(params)
+    if probe.merged:
+      state = merge_into(probe.abstract_state, state, run.lora.scale)
+    return nnx.merge(probe.graphdef, state)
+  dtype = jnp.dtype(run.rollout.engine_dtype)
+  cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
+  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  cast = jax.tree.map(
+    lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+    params,
+  )
+  return nnx.merge(nnx.graphdef(abstract), cast)
+
+
 def exact_logp(
   run: RunConfig,
   graphdef: Any,
@@ -94,29 +116,21 @@ def exact_logp(
   *,
   routing: bool = False,
 ) -> Any:
-  """π_old `[B, T]` under `rollout.exact`: `exact_token_logprobs` over the
-  batch's rows (one sequence each, packed or not in the update), keys
-  over the engine's cache length: the engine's μ bit for bit at the same
-  params and dtype. A LoRA policy whose engine merges its adapters is
-  scored merged, as the engine merges them (cast to the engine dtype,
-  then W + scale·A B: `DeliveryProbe`). With `routing`, also the MoE
-  routing `[B, P + T, L_moe, k]` (R2's `old_experts`)."""
-  model = nnx.merge(graphdef, params)
-  if run.lora.enabled and run.lora.engine_merged:
-    probe = engine_probe(run, model.config)
-    cast = probe.cast(params)
-    merged = merge_into(probe.abstract_state, cast, run.lora.scale)
-    model = nnx.merge(probe.graphdef, merged)
+  """π_old `[B, T]` under `rollout.exact`: `exact_token_logprobs` of the
+  policy as the engine holds it (`engine_model`: in the engine's dtype)
+  over the batch's rows (one sequence each, packed or not in the update),
+  keys over the engine's cache length: the engine's μ bit for bit. With
+  `routing`, also the MoE routing `[B, P + T, L_moe, k]` (R2's
+  `old_experts`)."""
   logp, experts = exact_token_logprobs(
-    model,
+    engine_model(run, graphdef, params),
     batch.tokens,
     batch.segment_ids,
     batch.temperature,
     engine_length(run),
   )
-  return (
-    (at_response(logp, batch), experts) if routing else at_response(logp, batch)
-  )
+  logp = at_response(logp, batch)
+  return (logp, experts) if routing else logp
 
 
 def _dense_logp(run: RunConfig, model: Any, batch: TrainBatch, entropy: bool):

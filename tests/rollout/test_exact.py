@@ -50,17 +50,18 @@ def _run(dtype, lora=None):
 
 
 @functools.cache
-def _model(dtype):
-  cfg = tiny_config(dtype=jnp.dtype(dtype), param_dtype=jnp.dtype(dtype))
-  return random_model(cfg)
+def _model():
+  """The trainer's policy: float32."""
+  return random_model(tiny_config())
 
 
 @functools.cache
 def _engine(dtype, slots, chunk=4):
   """One engine per setting for the whole module (each compiles its own
-  programs: ~15 s on a busy CPU)."""
+  programs: ~15 s on a busy CPU), computing in `dtype`."""
   return PolicyEngine(
-    _model(dtype),
+    _model(),
+    dtype=jnp.dtype(dtype),
     max_concurrent_decodes=slots,
     max_prefill_length=_PF,
     max_target_length=_TL,
@@ -94,7 +95,7 @@ def _trainer_logp(dtype, rollouts, model=None, lora=None, routing=False):
     logprob_mode='full',
     row_multiple=1,
   )
-  graphdef, params = nnx.split(model or _model(dtype))
+  graphdef, params = nnx.split(model or _model())
   score = jax.jit(
     functools.partial(scoring.exact_logp, run, graphdef, routing=routing)
   )
@@ -125,7 +126,9 @@ def test_mu_equals_pi_old_bit_for_bit_whatever_the_slots():
     _assert_exact('float32', r)
 
 
-def test_mu_equals_pi_old_bit_for_bit_in_bfloat16():
+def test_mu_equals_pi_old_bit_for_bit_with_a_bfloat16_engine():
+  """A bfloat16 engine under a float32 trainer: π_old is scored as the
+  engine holds the policy (cast to bfloat16, `scoring.engine_model`)."""
   _assert_exact('bfloat16', _generate(_engine('bfloat16', 3), PROMPTS))
 
 
@@ -209,14 +212,14 @@ def test_tokens_are_drawn_from_the_exact_logits():
   tokens = np.zeros((len(seqs), _TL), np.int32)
   for i, seq in enumerate(seqs):
     tokens[i, : len(seq)] = seq
-  greedy = np.asarray(_exact_argmax(_model('float32'), jnp.asarray(tokens)))
+  greedy = np.asarray(_exact_argmax(_model(), jnp.asarray(tokens)))
   for i, seq in enumerate(seqs):
     p = len(PROMPTS[rollouts.group_id[i]])
     assert greedy[i, p - 1 : len(seq) - 1].tolist() == seq[p:], i
 
 
 def test_exact_mode_is_refused_where_it_cannot_hold():
-  model = _model('float32')
+  model = _model()
   with pytest.raises(ValueError, match='kv_cache_dtype'):
     PolicyEngine(
       model,
