@@ -4,7 +4,8 @@
 directory) and, exactly as step 0 of `jaxcorr.main` would after the SFT
 warm-up (`train.sft_steps`; a pretrained model has none):
 
-1. publishes the weights to the engine (`Trainer.engine_params`) and
+1. (a LoRA run: draws its adapters' B at random, `trained_adapter`)
+   publishes the weights to the engine (`Trainer.engine_params`) and
    samples one batch of `rollout.prompts_per_step` prompts with the real
    `RolloutStage` (the JetStream-backed `PolicyEngine`, multi-turn
    trajectories when `config.agent` is on): μ per response token;
@@ -75,6 +76,26 @@ def argmax_logits(
   return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
+LORA_B_STD = 0.02
+"""The std of the random `lora_b` a LoRA run is measured with (`trained_
+adapter`): nnx.LoRA starts B at 0, where the adapter adds exactly 0 on
+both sides and the row would be its base's."""
+
+
+def trained_adapter(state: Any, seed: int = 0) -> Any:
+  """A LoRA `TrainState` with every `lora_b` drawn from N(0, LORA_B_STD²)
+  (what an adapter looks like after training), A kept: the engine then
+  merges (or applies) a nonzero update, as it does from step 1 on."""
+  flat = dict(nnx.to_flat_state(state.params))
+  key = jax.random.key(seed)
+  for i, (path, var) in enumerate(sorted(flat.items())):
+    if path[-1] == 'lora_b':
+      x = var.get_value()
+      noise = jax.random.normal(jax.random.fold_in(key, i), x.shape)
+      flat[path] = var.replace((LORA_B_STD * noise).astype(x.dtype))
+  return state.replace(params=nnx.from_flat_state(flat))
+
+
 def _prepared(trainer: Trainer, scored: Any) -> batch_lib.TrainBatch:
   """`RLStep`'s host side and `Steps.prepare` on `scored` (step 0)."""
   rl, state = trainer.rl_step, trainer.state
@@ -129,6 +150,8 @@ def measure(
     try:
       if run.train.sft_steps:
         trainer.run_sft()
+      if run.lora.rank:
+        trainer.state = trained_adapter(trainer.state)
       trainer.engine.update_params(trainer.engine_params(), version=0)
       examples = trainer.loader.next_batch()
       scored = trainer.stage.run_step(examples, step=0)

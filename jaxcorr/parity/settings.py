@@ -76,11 +76,8 @@ SETTINGS: tuple[Setting, ...] = (
   ),
   Setting(
     'lora',
-    'LoRA rank 8 on attention (merged engine), float32, after SFT',
+    'LoRA rank 8 on attention, random B (merged engine), float32',
     (*_dtypes(F32, F32), ('lora.rank', 8), ('lora.alpha', 16.0)),
-    # A fresh adapter is zero (B = 0): on SmolLM2, which has no warm-up
-    # here, the row would be the fp32 one. The tiny model's SFT trains it.
-    smollm2=False,
   ),
   Setting(
     'multi_turn',
