@@ -140,8 +140,8 @@ class RolloutConfig:
     boolean,
     "Exact mode: the engine's log-probs equal the trainer's π_old bit for "
     'bit whatever the batch, slot or prompt length (fixed token tiles, '
-    'attention over the whole cache: docs/rollout.md "Exact mode"); '
-    "unquantized engines, logprob_mode='full', dense policies.",
+    'attention over the whole cache, π_old in engine_dtype: docs/rollout.md '
+    '"Exact mode"); unquantized engines, logprob_mode=\'full\'.',
   )
   mode: str = setting(
     'sync',
