@@ -27,6 +27,7 @@ older weights its pipeline samples with, `RolloutSource.lagged`).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import Any
@@ -45,6 +46,7 @@ from jaxcorr.train import (
   compile_cache,
   evaluation,
   preemption,
+  scoring,
   setup,
   sft,
 )
@@ -57,7 +59,7 @@ from jaxcorr.train.rollouts.source import RolloutSource, make_rollouts
 from jaxcorr.train.rollouts.stage import RolloutStage, Scored, make_engine
 from jaxcorr.train.rollouts.weights import copy_tree, engine_params, weight_sync
 from jaxcorr.train.run_config import RunConfig
-from jaxcorr.train.tracker import metrics, reduction, sinks
+from jaxcorr.train.tracker import metrics, reduction, sinks, traces
 from jaxcorr.train.tracker.profile import StepProfiler
 
 
@@ -78,6 +80,26 @@ def _metric_writer(
     mlflow_tracking_uri=t.mlflow_tracking_uri,
   )
   return metrics.MetricWriter(workdir, sinks=opened)
+
+
+def _tracer(
+  run: RunConfig, graphdef: Any, workdir: str, tokenizer, names, primary: bool
+) -> traces.Tracer | None:
+  """`train.trace_every`'s traces (tracker/traces.py), or None (off)."""
+  t = run.train
+  if not t.trace_every:
+    return None
+  return traces.Tracer(
+    every=t.trace_every,
+    rows=t.trace_rows,
+    seed=t.seed,
+    writer=traces.TraceWriter(workdir, max_mb=t.trace_max_mb, enabled=primary),
+    policy_logp=jax.jit(
+      functools.partial(scoring.response_logp, run, graphdef)
+    ),
+    decode=tokenizer.decode,
+    reward_names=names,
+  )
 
 
 class Trainer:
@@ -156,6 +178,9 @@ class Trainer:
       self.mesh,
       vocab_size=self.model_cfg.vocab_size,
       batch_shards=meshes.batch_shards,
+      tracer=_tracer(
+        run, self.graphdef, workdir, self.tokenizer, scorer.names, primary
+      ),
     )
     self.batch_shards = meshes.batch_shards
     self.checkpoints = RunCheckpoints(
@@ -279,6 +304,8 @@ class Trainer:
       self.close()
       raise
     self.writer.resume(self.step)
+    if self.rl_step.tracer is not None:
+      self.rl_step.tracer.writer.resume(self.step)
     if self._claim is not None:  # after a successful restore or none
       self._claim.write_config()
     self._warm_up()

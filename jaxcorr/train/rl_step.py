@@ -35,7 +35,7 @@ from jaxcorr.train.rollouts.stage import Scored
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.state import TrainState
 from jaxcorr.train.step import Steps
-from jaxcorr.train.tracker import diagnostics, metrics, reduction
+from jaxcorr.train.tracker import diagnostics, metrics, reduction, traces
 from jaxcorr.train.tracker.reduction import Metric, Metrics
 
 
@@ -77,7 +77,9 @@ class RLStep:
     *,
     vocab_size: int,
     batch_shards: int,
+    tracer: traces.Tracer | None = None,
   ):
+    self.tracer = tracer  # train.trace_every (tracker/traces.py)
     self.run = run
     self.steps = steps
     self.mesh = mesh
@@ -222,6 +224,10 @@ class RLStep:
       )
       state, upd = self.steps.update(state, train_batch, packed, light=light)
       device_metrics = metrics.to_host_scalars({**prep, **upd})
+      if self.tracer is not None and self.tracer.due(step + 1):
+        # After the metrics' fetch: the gather waits on nothing new.
+        params = state.policy_params()
+        self.tracer.record(step + 1, scored, batch, train_batch, params)
     t2 = time.perf_counter()
     t1 = min(prepared.wait(), t2)  # the watcher may wake late
     tokens = int(np.asarray(rb.context_mask).sum())

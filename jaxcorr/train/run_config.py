@@ -97,6 +97,17 @@ class TrainConfig:
     "RL steps (1-based, e.g. '3,5-6') to trace with jax.profiler into "
     "<workdir>/profile (TensorBoard / Perfetto; '': off).",
   )
+  trace_every: int = setting(
+    0,
+    _NAT,
+    'Keep per-token traces (μ, π_old, π_θ, weights, staleness, '
+    'advantages) of train.trace_rows rows every N RL steps in '
+    '<workdir>/traces (0: off; jaxcorr/train/tracker/traces.py).',
+  )
+  trace_rows: int = setting(4, _POS, 'Rows per trace step.')
+  trace_max_mb: int = setting(
+    256, _POS, 'Cap on <workdir>/traces: past it the oldest steps go.'
+  )
   checkpoint_every: int = setting(
     50, _NAT, 'Save every N RL steps (0: only at the end and on SIGTERM).'
   )
