@@ -1,5 +1,5 @@
-"""Overlong shaping (DAPO §3.4, docs/algorithms.md "Overlong shaping"):
-the truncation filter and the soft overlong penalty.
+"""Overlong shaping (DAPO, arXiv 2503.14476, section 3.4; docs/algorithms.md,
+"Overlong shaping"): the truncation filter and the soft overlong penalty.
 
 A row is *truncated* when its `RolloutBatch.finish_reason` is LENGTH: the
 engine ran out of `rollout.max_new_tokens` before an end token, or (multi-

@@ -15,6 +15,7 @@ jaxcorr/losses/vcpo.py; this module only feeds them the batch's arrays.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -26,8 +27,8 @@ from jaxcorr.losses import overlong as overlong_lib
 from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.run_config import RunConfig
 
-RowLogp = Callable[[Any, TrainBatch], jax.Array]
-"""`row_logp(params, row)`: Σ_t m_t log π_θ(y_t) of a one-row batch."""
+RowLogp = Callable[..., jax.Array]
+"""`row_logp(key, params, row)`: Σ_t m_t log π_θ(y_t) of a one-row batch."""
 
 
 def score_sq_norms(row_logp: RowLogp, params: Any, batch: TrainBatch):
@@ -50,7 +51,7 @@ def _squares(tree: Any) -> Any:
 
 
 def vcpo_baseline(
-  run: RunConfig, batch: TrainBatch, row_logp: RowLogp, params: Any
+  run: RunConfig, batch: TrainBatch, row_logp: RowLogp, key: Any, params: Any
 ) -> tuple[TrainBatch, dict[str, jax.Array]]:
   """`batch` with VCPO's advantages `R_i − b_g` (`vcpo.opob_baseline`,
   `vcpo.opob_advantages`) and the `vcpo/` baseline metrics."""
@@ -58,7 +59,7 @@ def vcpo_baseline(
   mask = batch.response_mask
   valid = jnp.any(mask, axis=-1)
   if k.baseline_score_norm == 'exact':
-    norms = score_sq_norms(row_logp, params, batch)
+    norms = score_sq_norms(functools.partial(row_logp, key), params, batch)
   else:
     norms = jnp.ones(valid.shape, jnp.float32)
   log_w = vcpo.seq_log_weights(batch.old_logp, batch.rollout_logp, mask)
@@ -88,12 +89,13 @@ def vcpo_baseline(
 
 
 def for_update(
-  run: RunConfig, batch: TrainBatch, row_logp: RowLogp, params: Any
+  run: RunConfig, batch: TrainBatch, row_logp: RowLogp, key: Any, state: Any
 ) -> tuple[TrainBatch, dict[str, jax.Array]]:
-  """The batch the updates read (module docstring) and its metrics."""
+  """The batch the updates read (module docstring) and its metrics; the
+  exact score norms differentiate `row_logp` at `state.params`."""
   metrics = {}
   if run.losses.actor.grad_baselining:
-    batch, metrics = vcpo_baseline(run, batch, row_logp, params)
+    batch, metrics = vcpo_baseline(run, batch, row_logp, key, state.params)
   if batch.truncated is not None or batch.overlong_penalty is not None:
     mask, adv = overlong_lib.shape_loss(
       batch.response_mask,
@@ -106,17 +108,19 @@ def for_update(
 
 
 def step_scale(
-  run: RunConfig, mb: TrainBatch
-) -> tuple[jax.Array | None, dict[str, jax.Array]]:
+  run: RunConfig, mb: TrainBatch, metrics: dict[str, jax.Array]
+) -> jax.Array | None:
   """VCPO's step multiplier of one mini-batch (`vcpo.ess_step_scale` of its
-  `vcpo.ess_ratio`) and its metrics; (None, {}) without `ess_scaling`."""
+  `vcpo.ess_ratio`), its metrics added to `metrics`; None without
+  `ess_scaling`."""
   k = run.losses.actor
   if not k.ess_scaling:
-    return None, {}
+    return None
   mask = mb.response_mask
   log_w = vcpo.seq_log_weights(mb.old_logp, mb.rollout_logp, mask)
   rho = vcpo.ess_ratio(log_w, jnp.any(mask, axis=-1))
   scale = vcpo.ess_step_scale(
     rho, rule=k.ess_scaling_rule, base=k.ess_base_ratio
   )
-  return scale, {'vcpo/ess_ratio': rho, 'vcpo/step_scale': scale}
+  metrics.update({'vcpo/ess_ratio': rho, 'vcpo/step_scale': scale})
+  return scale

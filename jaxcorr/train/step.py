@@ -260,8 +260,7 @@ class Steps:
     )
     metrics['actor/grad_norm'] = optax.tree.norm(grads)
     metrics['actor/lr'] = self.schedule(state.updates)
-    scale, scale_metrics = loss_batch.step_scale(self.run, sub)
-    metrics.update(scale_metrics)
+    scale = loss_batch.step_scale(self.run, sub, metrics)
     params, opt_state = apply_updates(
       self.tx,
       grads,
@@ -285,16 +284,6 @@ class Steps:
       state = state.replace(critic_params=cparams, critic_opt_state=copt)
     return state.replace(frozen=None), metrics
 
-  def _row_logp(self, frozen, key, params, row: TrainBatch) -> jax.Array:
-    """Σ_t m_t log π_θ(y_t) of a one-row batch: what VCPO's exact score
-    norms differentiate (`loss_batch.score_sq_norms`)."""
-    if frozen is not None:  # LoRA: the adapters' gradient
-      params = nnx.merge_state(frozen, params)
-    (logp, _), _ = _update_forward(
-      self.run, self.graphdef, params, row, None, key, False
-    )
-    return jnp.sum(jnp.where(row.response_mask, logp, 0.0))
-
   def _update(
     self,
     state: TrainState,
@@ -307,10 +296,8 @@ class Steps:
     order = update_order(self.run.train, batch.rows, key, packed is not None)
     steps = jnp.arange(order.shape[0])
     frozen = state.frozen  # read by every update, not carried by the loop
-    row_logp = functools.partial(self._row_logp, frozen, key)
-    batch, shaped = loss_batch.for_update(
-      self.run, batch, row_logp, state.params
-    )
+    row_logp = functools.partial(_row_logp, self.run, self.graphdef, frozen)
+    batch, shaped = loss_batch.for_update(self.run, batch, row_logp, key, state)
     body = functools.partial(
       self._one_update, batch, key, packed, frozen, light
     )
@@ -323,6 +310,15 @@ class Steps:
     if light:
       metrics = diagnostics.light(metrics)
     return state.replace(rng=rng, frozen=frozen), metrics
+
+
+def _row_logp(run, graphdef, frozen, key, params, row: TrainBatch):
+  """Σ_t m_t log π_θ(y_t) of a one-row batch: what VCPO's exact score
+  norms differentiate (`loss_batch.score_sq_norms`)."""
+  if frozen is not None:  # LoRA: the adapters' gradient
+    params = nnx.merge_state(frozen, params)
+  (logp, _), _ = _update_forward(run, graphdef, params, row, None, key, False)
+  return jnp.sum(jnp.where(row.response_mask, logp, 0.0))
 
 
 def needs_entropy(run: RunConfig, light: bool) -> bool:

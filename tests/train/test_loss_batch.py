@@ -6,6 +6,7 @@ update; on-policy VCPO is plain GRPO)."""
 from __future__ import annotations
 
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -128,7 +129,7 @@ def _prepared(rows=B):
 def test_loss_time_shaping_keeps_the_baseline_and_drops_the_rows():
   run = _shaping('loss', reward__mask_truncated_completions=True)
   b = _prepared()
-  got, metrics = loss_batch.for_update(run, b, None, None)
+  got, metrics = loss_batch.for_update(run, b, None, None, None)
   assert metrics == {}
   keep = ~np.isin(np.arange(B), [0, 4])
   mask = np.asarray(b.response_mask)
@@ -146,7 +147,8 @@ def test_opob_is_taken_before_the_filter():
     actor__baseline_use_is_weights=False,
   )
   b = _prepared().replace(overlong_penalty=None)
-  got, metrics = loss_batch.for_update(run, b, None, None)
+  no_state = types.SimpleNamespace(params=None)  # uniform norms: no params
+  got, metrics = loss_batch.for_update(run, b, None, None, no_state)
   r = np.asarray(b.seq_reward).reshape(2, 4)
   mean = np.repeat(r.mean(1), 4)  # truncated rows 0 and 4 included
   row = np.asarray(got.advantages)[np.arange(B), 0]
@@ -276,11 +278,13 @@ def _row(i, x):
 
 
 def test_exact_score_norms_of_the_policy(plain):
-  """`Steps._row_logp` through `score_sq_norms`: ‖∇θ Σ_t log π_θ(y_t)‖² of
+  """`step._row_logp` through `score_sq_norms`: ‖∇θ Σ_t log π_θ(y_t)‖² of
   each row, as `jax.grad` of that row alone."""
   _, state, steps, prepared = plain
   rows = jax.tree.map(lambda x: x[:2], prepared)
-  row_logp = functools.partial(steps._row_logp, None, jax.random.key(0))
+  row_logp = functools.partial(
+    step_lib._row_logp, steps.run, steps.graphdef, None, jax.random.key(0)
+  )
   got = jax.jit(functools.partial(loss_batch.score_sq_norms, row_logp))(
     state.params, rows
   )
