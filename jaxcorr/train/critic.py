@@ -23,6 +23,7 @@ from jaxcorr.config.fields import boolean, canonical, number, setting, validate
 from jaxcorr.losses import aggregate as agg_lib
 from jaxcorr.model import Transformer, TransformerConfig
 from jaxcorr.model.layers import param
+from jaxcorr.train.state import copy_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,16 +75,12 @@ class ValueModel(nnx.Module):
     )
 
 
-@jax.jit
-def _copy(tree):
-  return jax.tree.map(jnp.copy, tree)
-
-
 def init_from_policy(critic: ValueModel, policy: Transformer) -> None:
   """Copy the policy's weights into the critic's backbone (in place).
 
   Copies, not shares: the update step donates the policy's and the critic's
   buffers together, and XLA refuses to donate one buffer twice ("Attempt to
-  donate the same buffer twice"); a copy under jit keeps the shardings.
+  donate the same buffer twice"); `copy_tree` keeps the shardings (the
+  objects themselves: the critic reaches `prepare` as a restored one does).
   """
-  nnx.update(critic.backbone, _copy(nnx.state(policy, nnx.Param)))
+  nnx.update(critic.backbone, copy_tree(nnx.state(policy, nnx.Param)))

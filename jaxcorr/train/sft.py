@@ -116,7 +116,12 @@ class SFTStep:
     self.tx = tx
     self.chunk = chunk
     self.param_shardings = param_shardings
-    self.step = jax.jit(self._step, donate_argnums=(0, 1))
+    # The trained params leave in `param_shardings` themselves, not in
+    # XLA's spelling of them (P('fsdp',) for P('fsdp', 'tensor')): RL's
+    # first `prepare` then lowers the program a restored run lowers, one
+    # compile (and one compile-cache entry) for both.
+    out = None if param_shardings is None else (param_shardings, None, None)
+    self.step = jax.jit(self._step, donate_argnums=(0, 1), out_shardings=out)
 
   def loss(self, params: Any, batch: SFTBatch) -> tuple[jax.Array, dict]:
     model = nnx.merge(self.graphdef, params)

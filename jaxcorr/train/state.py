@@ -94,6 +94,16 @@ class TrainState:
     return nnx.merge_state(self.frozen, params)
 
 
+def copy_tree(tree: Any) -> Any:
+  """A device copy of a pytree of arrays (one batched transfer), each in
+  its input's sharding object. A jitted copy returned XLA's respelling of
+  the sharding (P('fsdp',) for P('fsdp', 'tensor')): equal in layout, yet
+  another program for a jitted function that reads it, so a reference
+  copied after SFT made a fresh run's `prepare` another program than a
+  restored run's (a miss in the persistent compile cache on resume)."""
+  return jax.device_put(tree, may_alias=False)
+
+
 def make_optimizer(
   cfg: OptimConfig, peak_lr: float, total_updates: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:

@@ -22,6 +22,7 @@ from jaxcorr import rewards as reward_fns
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.model import load_hf
 from jaxcorr.train.loop import Trainer
+from tests.helpers.program_keys import program_keys
 from tests.helpers.trainer_config import pulse_config
 
 VOLATILE = ('time/', 'perf/')
@@ -148,14 +149,21 @@ def test_resume_is_exact(tmp_path):
   # test_pulse_sync's first preset: its programs are in the session's
   # compile cache (tests/conftest.py); any preset resumes alike.
   preset = 'decoupled_seq_is_rs'
-  t_full, _ = _train(pulse_config(preset, length_reward=True, **kw), full)
-  # Run 2 of 4 steps, stop, then resume in a fresh trainer.
-  _train(
-    pulse_config(preset, length_reward=True, **dict(kw, train__num_steps=2)),
-    part,
-  )
-  t_resumed, _ = _train(pulse_config(preset, length_reward=True, **kw), part)
+  with program_keys('jit__prepare') as fresh:
+    t_full, _ = _train(pulse_config(preset, length_reward=True, **kw), full)
+    # Run 2 of 4 steps, stop, then resume in a fresh trainer.
+    _train(
+      pulse_config(preset, length_reward=True, **dict(kw, train__num_steps=2)),
+      part,
+    )
+  with program_keys('jit__prepare') as resumed:
+    t_resumed, _ = _train(pulse_config(preset, length_reward=True, **kw), part)
   assert t_resumed.step == 4
+  # One prepare program, fresh (SFT's params, then the update's) or
+  # resumed (restored ones): one compile, which the resumed run loads from
+  # the compile cache (issue 38: it compiled its own).
+  assert len(fresh) == 2 and len(set(fresh)) == 1, fresh
+  assert resumed == fresh[:1], (fresh, resumed)
   a = jax.tree.leaves(jax.device_get(t_full.state.params))
   b = jax.tree.leaves(jax.device_get(t_resumed.state.params))
   for x, y in zip(a, b):

@@ -23,14 +23,7 @@ from jaxcorr.model.quantized_weights import QuantSpec, fake_quantize
 from jaxcorr.rollout.adapter_weights import AdapterUpdate, DeliveryProbe
 from jaxcorr.train.rollouts.config import RolloutConfig
 from jaxcorr.train.run_config import RunConfig
-
-
-def _copy_tree(tree: Any) -> Any:
-  return jax.tree.map(jnp.copy, tree)
-
-
-copy_tree = jax.jit(_copy_tree)
-"""A device copy of a pytree of arrays (jitted: one dispatch)."""
+from jaxcorr.train.state import copy_tree
 
 
 def fake_quant_int8(x: jax.Array) -> jax.Array:
