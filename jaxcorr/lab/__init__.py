@@ -66,6 +66,7 @@ from jaxcorr.lab.results import (
   markdown_table,
   spread_table,
   write_results,
+  write_tables,
 )
 from jaxcorr.lab.runs import (
   PRESETS,
@@ -130,4 +131,5 @@ __all__ = [
   'stale_overrides',
   'summarise',
   'write_results',
+  'write_tables',
 ]

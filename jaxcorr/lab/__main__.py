@@ -32,7 +32,9 @@ Mismatches (`MISMATCHES`, combinable with `+`, e.g. `bf16+stale4`):
 Presets are the names of `configs/presets.py` plus `off`
 (`correction.enabled=False`: no correction and no diagnostics). Without
 --presets, --mismatches or --seeds the CLI runs `default_plan`; it writes
-results.json, results.md and the PNGs to --out and prints the table.
+results.json, results.md and the PNGs to --out and prints the table;
+--tables_only rewrites --out's results.md from its results.json, running
+nothing (tables of an earlier grid in today's columns).
 --small (or `JAXCORR_SMALL=1`) shrinks the runs to a reduced model and a
 few dozen steps; their numbers show that everything runs, not what the
 full grid finds.
@@ -49,7 +51,12 @@ from typing import Any
 
 from jaxcorr import console
 from jaxcorr.lab.config import Grid, env_small
-from jaxcorr.lab.results import markdown_table, write_results
+from jaxcorr.lab.results import (
+  load_results,
+  markdown_table,
+  write_results,
+  write_tables,
+)
 from jaxcorr.lab.runs import PRESETS, default_plan, run_grid
 
 
@@ -71,6 +78,10 @@ def main(argv: Sequence[str]) -> None:
   matplotlib.use('Agg')
   # Orbax logs every save and restore at INFO: 30 lines a run.
   console.quiet_libraries()
+  if f.tables_only:  # results.md again from the stored records
+    write_tables(load_results(f.out), f.out)
+    print(f'{os.path.join(f.out, "results.md")} rewritten from results.json')
+    return
   small = f.small or env_small()
   overrides = {}
   for item in f.set or ():
@@ -109,6 +120,11 @@ def _define_flags() -> None:
     '(default: $TMPDIR/jaxcorr_lab).',
   )
   flags.DEFINE_bool('small', False, 'Reduced runs (also: JAXCORR_SMALL=1).')
+  flags.DEFINE_bool(
+    'tables_only',
+    False,
+    "Run nothing: rewrite --out's results.md from its results.json.",
+  )
   flags.DEFINE_list(
     'presets', None, 'One grid instead of default_plan: presets (PRESETS).'
   )

@@ -1,6 +1,7 @@
 """A grid's results on disk: the markdown tables (`markdown_table`, and
-`spread_table` for means and spread over seeds) and the output directory (`write_results`: results.json, results.md and the PNGs;
-`load_results` reads the records back)."""
+`spread_table` for means and spread over seeds) and the output directory
+(`write_results`: results.json, results.md and the PNGs; `load_results`
+reads the records back, `write_tables` rewrites results.md from them)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jaxcorr.lab.plots import save_plots
-from jaxcorr.lab.summary import aggregate, baseline_accuracy
+from jaxcorr.lab.summary import aggregate, baseline_accuracy, fill_gap
 
 if TYPE_CHECKING:  # runs.py imports this module
   from jaxcorr.lab.config import Grid
@@ -40,7 +41,7 @@ def markdown_table(
   """
   head = (
     '| mismatch | preset | {seed} | acc@0 | final acc | {delta} | peak acc '
-    '| reward last 20% | max kl | mean χ²_token | max \\|ppl−1\\| '
+    '| reward last 20% | max k3 | mean χ²_token | max \\|ppl−1\\| '
     '| rejected tok | collapsed |'
   )
   lines = [
@@ -54,7 +55,7 @@ def markdown_table(
   def cells(row: Mapping[str, Any]) -> str:
     return (
       f'{fmt(row["peak_accuracy"])} | {fmt(row["reward_last20"])} | '
-      f'{fmt(row["max_kl"], 2)} | {fmt(row["mean_chi2_token"], 2)} | '
+      f'{fmt(row["max_k3_kl"], 2)} | {fmt(row["mean_chi2_token"], 2)} | '
       f'{fmt(row["max_ppl_dev"], 2)} | '
       f'{fmt(row["rejected_token_fraction"], 2)}'
     )
@@ -102,7 +103,7 @@ def spread_table(records: Sequence[Mapping[str, Any]]) -> str:
   """One row per (mismatch, preset): mean ± sample standard deviation over
   seeds of the final accuracy, of `Δ base` (against each seed's own
   `BASELINE` run) and of the last-20% reward; the mean over seeds of the
-  mean `rollout_corr/kl`, of the staleness (mean, and the largest seen) and
+  mean k3 KL (`summary.GAP`), of the staleness (mean, and the largest seen) and
   of the share of rows that mixed policy versions; collapsed runs."""
   base = baseline_accuracy(records)
   groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
@@ -110,7 +111,7 @@ def spread_table(records: Sequence[Mapping[str, Any]]) -> str:
     groups.setdefault((r['mismatch'], r['preset']), []).append(r)
   lines = [
     '| mismatch | preset | seeds | final acc | Δ base | reward last 20% '
-    '| mean kl | staleness mean (max) | mixed-version rows | collapsed |',
+    '| mean k3 | staleness mean (max) | mixed-version rows | collapsed |',
     '|' + '---|' * 10,
   ]
   for (mismatch, preset), rs in groups.items():
@@ -125,7 +126,7 @@ def spread_table(records: Sequence[Mapping[str, Any]]) -> str:
       else None
       for r, s in zip(rs, ss)
     ]
-    kl = [x for x in get('mean_kl') if x is not None]
+    k3 = [x for x in get('mean_k3_kl') if x is not None]
     stale = [x for x in get('mean_staleness') if x is not None]
     worst = [x for x in get('max_staleness') if x is not None]
     mixed = [x for x in get('mixed_version_fraction') if x is not None]
@@ -136,7 +137,7 @@ def spread_table(records: Sequence[Mapping[str, Any]]) -> str:
       f'| {mismatch} | `{preset}` | {",".join(str(r["seed"]) for r in rs)} '
       f'| {_mean_sd(get("final_accuracy"))} | {_mean_sd(delta)} '
       f'| {_mean_sd(get("reward_last20"))} '
-      f'| {fmt(statistics.fmean(kl), 2) if kl else "–"} | {staleness} '
+      f'| {fmt(statistics.fmean(k3), 2) if k3 else "–"} | {staleness} '
       f'| {fmt(statistics.fmean(mixed), 2) if mixed else "–"} '
       f'| {sum(bool(s["collapsed"]) for s in ss)}/{len(rs)} |'
     )
@@ -159,16 +160,27 @@ def write_results(
     f.write('{"plan": ' + json.dumps(meta) + ',\n "runs": [\n')
     runs = [json.dumps(r, separators=(',', ':')) for r in _finite(records)]
     f.write(',\n'.join(runs) + '\n]}\n')
-  with open(os.path.join(out, 'results.md'), 'w') as f:
-    f.write('# Mismatch lab results\n\nOne row per run:\n\n')
-    f.write(markdown_table(records))
-    if any(len(r['seeds']) > 1 for r in aggregate(records)):
-      f.write('\nMeans over seeds:\n\n')
-      f.write(markdown_table(records, per_seed=False))
-      f.write('\nMeans ± sample standard deviation over seeds:\n\n')
-      f.write(spread_table(records))
+  write_tables(records, out)
   if plots:
     save_plots(records, out)
+
+
+def write_tables(records: Sequence[Mapping[str, Any]], out: str) -> None:
+  """results.md: every run's row, and with several seeds the means and
+  spreads over them (atomically: a reader never sees half a table)."""
+  parts = ['# Mismatch lab results\n\nOne row per run:\n\n']
+  parts.append(markdown_table(records))
+  if any(len(r['seeds']) > 1 for r in aggregate(records)):
+    parts += [
+      '\nMeans over seeds:\n\n',
+      markdown_table(records, per_seed=False),
+    ]
+    parts += ['\nMeans ± sample standard deviation over seeds:\n\n']
+    parts.append(spread_table(records))
+  path = os.path.join(out, 'results.md')
+  with open(path + '.tmp', 'w') as f:
+    f.write(''.join(parts))
+  os.replace(path + '.tmp', path)
 
 
 def _finite(x: Any) -> Any:
@@ -183,8 +195,11 @@ def _finite(x: Any) -> Any:
 
 
 def load_results(path: str) -> list[dict[str, Any]]:
-  """The records of a results.json (a file or the directory holding it)."""
+  """The records of a results.json (a file or the directory holding it),
+  older ones with the summary numbers added since (`fill_gap`)."""
   if os.path.isdir(path):
     path = os.path.join(path, 'results.json')
   with open(path) as f:
-    return json.load(f)['runs']
+    records = json.load(f)['runs']
+  fill_gap(records)
+  return records

@@ -249,7 +249,7 @@ def run_grid(
         f'[{i}/{len(todo)}] seed={seed} {mismatch:>8s} {preset:30s} '
         f'acc {fmt(s["initial_accuracy"])} -> '
         f'{fmt(s["final_accuracy"])}  reward(last20%) '
-        f'{fmt(s["reward_last20"])}  max kl {fmt(s["max_kl"], 2)}  '
+        f'{fmt(s["reward_last20"])}  max k3 {fmt(s["max_k3_kl"], 2)}  '
         f'({"?" if wall is None else f"{wall:.0f}"}s'
         f'{", read back" if reused else ""})'
       )

@@ -39,6 +39,13 @@ CURVE_KEYS = (
 )
 """The per-step metrics `run_grid` keeps in results.json."""
 
+GAP = 'rollout_corr/k3_kl'
+"""The metric the lab reports as the size of the engine-trainer gap: k3 of
+KL(μ‖π_old), mmean(exp(r) − r − 1) for r = log π_old − log μ, ≥ 0 per
+token. Not the signed `rollout_corr/kl` (k1, mmean(−r)): its tokens'
+terms cancel, so it can grow while the gap shrinks (and sit near 0 under
+a large gap); it stays in the curves, not in the summaries."""
+
 BASELINE = ('disabled', 'none')
 """(preset, mismatch) of the reference run each seed is compared with."""
 
@@ -59,8 +66,9 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     steps: RL steps logged; initial/final/peak_accuracy: greedy eval
     accuracy at step 0, at the end and at its best; reward_last20 and
     reward_first20: mean `reward/mean` over the last and first 20 % of the
-    RL steps (at least one step); max_kl, mean_kl: of `rollout_corr/kl`;
-    max_k3_kl; mean_chi2_token; max_ppl_dev: largest |ppl_ratio − 1|;
+    RL steps (at least one step); max_k3_kl, mean_k3_kl: of
+    `rollout_corr/k3_kl`, the mismatch's size (`GAP`); mean_chi2_token;
+    max_ppl_dev: largest |ppl_ratio − 1|;
     rejected_token_fraction, rejected_seq_fraction: means over steps;
     mean_staleness (of `rollout/staleness_mean`), max_staleness (of
     `rollout/staleness_max`), mixed_version_fraction (mean share of rows
@@ -73,8 +81,7 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
   acc = series(rows, 'eval/accuracy')
   rewards = series(rl, 'reward/mean')
   n = max(1, math.ceil(0.2 * len(rewards)))
-  kl = series(rl, 'rollout_corr/kl')
-  k3 = series(rl, 'rollout_corr/k3_kl')
+  k3 = series(rl, GAP)
   ppl = series(rl, 'rollout_corr/ppl_ratio')
   losses = series(rl, 'actor/loss')
   stale = series(rl, 'rollout/staleness_max')
@@ -86,9 +93,8 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     'peak_accuracy': max(acc) if acc else None,
     'reward_first20': _mean(rewards[:n]),
     'reward_last20': _mean(rewards[-n:]),
-    'max_kl': max(kl) if kl else None,
-    'mean_kl': _mean(kl),
     'max_k3_kl': max(k3) if k3 else None,
+    'mean_k3_kl': _mean(k3),
     'mean_chi2_token': _mean(series(rl, 'rollout_corr/chi2_token')),
     'max_ppl_dev': max(abs(x - 1) for x in ppl) if ppl else None,
     'rejected_token_fraction': _mean(
@@ -127,6 +133,16 @@ def curves(
     if pts:
       out[k] = pts
   return out
+
+
+def fill_gap(records: Sequence[dict[str, Any]]) -> None:
+  """Records summarised before `mean_k3_kl` existed (the results.json of
+  earlier grids) get it from their `GAP` curve, in place: the curve holds
+  every RL step's value, to 4 significant digits."""
+  for r in records:
+    s = r['summary']
+    if 'mean_k3_kl' not in s:
+      s['mean_k3_kl'] = _mean([v for _, v in r['curves'].get(GAP, [])])
 
 
 def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -190,14 +190,17 @@ def _rows(accs, rewards, **series):
 
 def test_summarise():
   rewards = [0.1] * 2 + [0.5] * 6 + [0.8] * 2
-  kl = [1e-4] * 9 + [3e-3]
+  k3 = [1e-4] * 9 + [3e-3]
+  # The signed k1 estimate falls while k3 rises: not what the lab reports.
+  k1 = [1e-4] * 9 + [-2e-3]
   rej = [0.0] * 5 + [0.2] * 5
   ppl = [1.0] * 9 + [0.9]
   rows = _rows(
     [0.4, 0.7, 0.6],
     rewards,
     **{
-      'rollout_corr/kl': kl,
+      'rollout_corr/k3_kl': k3,
+      'rollout_corr/kl': k1,
       'rollout_corr/rejected_token_fraction': rej,
       'rollout_corr/ppl_ratio': ppl,
     },
@@ -208,7 +211,9 @@ def test_summarise():
   assert s['peak_accuracy'] == 0.7
   assert s['reward_first20'] == pytest.approx(0.1)  # first 2 of 10 steps
   assert s['reward_last20'] == pytest.approx(0.8)
-  assert s['max_kl'] == pytest.approx(3e-3)
+  assert s['max_k3_kl'] == pytest.approx(3e-3)
+  assert s['mean_k3_kl'] == pytest.approx(3.9e-4)
+  assert not {'max_kl', 'mean_kl'} & set(s)  # the signed k1: curves only
   assert s['rejected_token_fraction'] == pytest.approx(0.1)
   assert s['max_ppl_dev'] == pytest.approx(0.1)
   assert s['mean_chi2_token'] is None  # not logged
@@ -231,7 +236,8 @@ def test_summarise_collapse_and_missing_metrics():
   assert s['nonfinite'] == 1 and s['collapsed'] is True
   # `off` logs no rollout_corr/ metrics; no eval either here.
   s = lab.summarise([{'step': 1, 'reward/mean': 0.5, 'actor/loss': 0.0}])
-  assert s['max_kl'] is None and s['rejected_token_fraction'] is None
+  assert s['max_k3_kl'] is None and s['mean_k3_kl'] is None
+  assert s['rejected_token_fraction'] is None
   assert s['final_accuracy'] is None and s['collapsed'] is False
   assert lab.summarise([])['steps'] == 0
 
@@ -241,9 +247,9 @@ def _record(preset, mismatch, seed, final):
     [0.5, 0.6, final],
     [0.3 + 0.01 * i for i in range(10)],
     **{
-      'rollout_corr/kl': [1e-3 * (seed + 1)] * 10,
+      'rollout_corr/kl': [-1e-3] * 10,
       'rollout_corr/chi2_token': [0.01] * 10,
-      'rollout_corr/k3_kl': [1e-3] * 10,
+      'rollout_corr/k3_kl': [2e-3 * (seed + 1)] * 10,
       'rollout_corr/log_ppl_abs_diff': [0.01] * 10,
       'rollout_corr/ppl_ratio': [1.01] * 10,
       'rollout_corr/rejected_token_fraction': [0.05] * 10,
@@ -278,9 +284,12 @@ def test_aggregate_and_table():
   )
   assert r['final_accuracy'] == pytest.approx(0.55)
   assert r['final_accuracy_per_seed'] == [0.5, 0.6]
-  assert r['max_kl'] == pytest.approx(1.5e-3)
+  assert r['max_k3_kl'] == pytest.approx(3e-3)
   per_run = lab.markdown_table(RECORDS).strip().splitlines()
   assert len(per_run) == 2 + 8
+  assert '| max k3 |' in per_run[0] and 'kl' not in per_run[0]
+  # The gap column is k3 (seed 1: 4e-3), not the signed k1 (-1e-3).
+  assert '| 0.385 | 4.0e-03 | 1.0e-02 |' in per_run[3]
   # Δ base: against the same seed's disabled@none run.
   for start in (
     '| none | `disabled` | 1 | 0.500 | 0.600 | +0.000 |',
@@ -328,8 +337,9 @@ def test_spread_table():
   )
   stale = next(line for line in lines if '| stale4 | `disabled`' in line)
   assert '| 0.350 ± 0.071 | -0.200 ± 0.000 |' in stale
-  # Mean kl; no staleness logged; seed 0 fell 0.3 below its peak.
-  assert '| 1.5e-03 | – | – | 1/2 |' in stale
+  # Mean k3; no staleness logged; seed 0 fell 0.3 below its peak.
+  assert '| mean k3 |' in lines[0]
+  assert '| 3.0e-03 | – | – | 1/2 |' in stale
   # One seed: no sd; a seed without its baseline run: no Δ base.
   one = [r for r in RECORDS if r['seed'] == 1 and r['preset'] == 'slime_mis']
   lines = lab.spread_table(one).strip().splitlines()
@@ -435,3 +445,28 @@ def test_sft_copy_equals_scratch_and_off_equals_disabled(tmp_path):
     for r in _stable(rows)
   ]
   assert strip(off) == strip(shared)
+
+
+def test_tables_of_results_stored_before_mean_k3(tmp_path):
+  """A results.json written before the summaries had `mean_k3_kl` (the
+  docs' grids): `load_results` takes it from the stored k3 curve, and
+  `write_tables` (`python -m jaxcorr.lab --tables_only`) rewrites
+  results.md from it without running anything."""
+  plan = [lab.Grid(('disabled', 'slime_mis'), ('none', 'stale4'), (0, 1))]
+  lab.write_results(RECORDS, str(tmp_path), plan=plan, plots=False)
+  path = tmp_path / 'results.json'
+  stored = json.loads(path.read_text())
+  for r in stored['runs']:
+    del r['summary']['mean_k3_kl']
+  path.write_text(json.dumps(stored))
+  (tmp_path / 'results.md').unlink()
+  records = lab.load_results(str(tmp_path))
+  assert [r['summary']['mean_k3_kl'] for r in records] == [
+    pytest.approx(2e-3 * (r['seed'] + 1)) for r in RECORDS
+  ]
+  lab.write_tables(records, str(tmp_path))
+  fresh = tmp_path / 'fresh'
+  lab.write_results(RECORDS, str(fresh), plan=plan, plots=False)
+  text = (tmp_path / 'results.md').read_text()
+  assert text == (fresh / 'results.md').read_text()
+  assert '| mean k3 |' in text
