@@ -15,6 +15,7 @@ setup(
   long_description_content_type='text/markdown',
   python_requires='>=3.11',
   packages=find_packages(include=['jaxcorr', 'jaxcorr.*', 'configs']),
+  package_data={'jaxcorr.dashboard': ['static/*']},
   install_requires=[
     'jax>=0.7',
     'jaxlib>=0.7',
@@ -40,6 +41,9 @@ setup(
     # The model reads quantized (int8 / fp8) engine weights through qwix's
     # QArray and quantized einsum (rollout.quantization, docs/precision.md).
     'qwix>=0.1.8',
+    # python -m jaxcorr.dashboard (jaxcorr/dashboard/__init__.py: why).
+    'starlette>=0.37',
+    'uvicorn>=0.29',
   ],
   extras_require={
     'test': [
@@ -77,6 +81,9 @@ setup(
       'fastapi>=0.110',
       'uvicorn>=0.29',
       'openai>=1.50',
+      # The dashboard's browser test drives Debian's chromium through its
+      # chromedriver (tests/dashboard/test_browser.py).
+      'selenium>=4.20',
     ],
     # jaxcorr/endpoint: agents that speak the OpenAI API (docs/agents.md).
     'endpoint': ['fastapi>=0.110', 'uvicorn>=0.29', 'openai>=1.50'],

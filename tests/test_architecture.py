@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ('jaxcorr.train',),
   (
     'jaxcorr.lab',
+    'jaxcorr.dashboard',
     'jaxcorr.parity',
     'jaxcorr.plan',
     'jaxcorr.main',
