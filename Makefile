@@ -17,6 +17,11 @@ $(STAMP): setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	@# The dashboard's browser test (tests/dashboard/test_browser.py): Debian's
+	@# headless Chromium and its driver, as root (CI); elsewhere it skips.
+	@command -v chromedriver >/dev/null || [ "$$(id -u)" != 0 ] || \
+	  ! command -v apt-get >/dev/null || (apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
 	touch $(STAMP)
 
 run: $(STAMP)
