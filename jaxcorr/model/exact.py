@@ -33,6 +33,7 @@ work padded to whole tiles and attention over all S keys for every query
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -185,22 +186,37 @@ def exact_logits(
   """hidden [M, D] (before the final norm), temperature [M] -> (z [M, V] =
   logits / τ float32, logsumexp(z) [M]): log q(y) = z[y] - lse, the same
   bits whoever asks (the engine samples from z)."""
+  scaled = functools.partial(_scaled_logits, model)
+  return token_tiles(scaled, hidden, temperature.astype(jnp.float32))
+
+
+def exact_logprobs_at(
+  model: Any, hidden: jax.Array, temperature: jax.Array, targets: jax.Array
+) -> jax.Array:
+  """`exact_logits`'s z[y] − lse at `targets` [M], picked inside each tile:
+  the same bits without the [M, V] logits (the trainer's π_old)."""
+
+  def fn(h, temp, y):
+    z, lse = _scaled_logits(model, h, temp)
+    return jnp.take_along_axis(z, y[:, None], axis=-1)[:, 0] - lse
+
+  return token_tiles(fn, hidden, temperature.astype(jnp.float32), targets)
+
+
+def _scaled_logits(model: Any, h: jax.Array, temp: jax.Array):
+  """Tile fn: (h [t, D], τ [t]) -> (z = logits / τ [t, V], logsumexp z)."""
   cfg = model.config
   head = model.embed if model.lm_head is None else model.lm_head
-
-  def fn(h, temp):
-    logits = project(
-      'bsd,vd->bsv',
-      model.final_norm(h[None]),
-      head.get_value(),
-      cfg.dtype,
-      precision=matmul_precision(cfg),
-      preferred_element_type=jnp.float32,
-    )[0]
-    z = mask_padded_vocab(logits, cfg.real_vocab_size) / temp[:, None]
-    return z, jax.nn.logsumexp(z, axis=-1)
-
-  return token_tiles(fn, hidden, temperature.astype(jnp.float32))
+  logits = project(
+    'bsd,vd->bsv',
+    model.final_norm(h[None]),
+    head.get_value(),
+    cfg.dtype,
+    precision=matmul_precision(cfg),
+    preferred_element_type=jnp.float32,
+  )[0]
+  z = mask_padded_vocab(logits, cfg.real_vocab_size) / temp[:, None]
+  return z, jax.nn.logsumexp(z, axis=-1)
 
 
 def exact_token_logprobs(
@@ -232,9 +248,8 @@ def exact_token_logprobs(
     empty_store(model.config, b, extent),
   )
   temp = jnp.broadcast_to(temperature[:, None], (b, length))
-  z, lse = exact_logits(model, hidden, flat(temp))
   nxt = flat(jnp.pad(tokens[:, 1:], ((0, 0), (0, 1))))
-  logp = jnp.take_along_axis(z, nxt[:, None], axis=-1)[:, 0] - lse
+  logp = exact_logprobs_at(model, hidden, flat(temp), nxt)
   if experts is not None:
     experts = experts.reshape(b, length, *experts.shape[1:])
   return logp.reshape(b, length)[:, :-1], experts

@@ -20,7 +20,7 @@ from flax import nnx
 from jaxcorr.model import exact as exact_lib
 from jaxcorr.model.lora import LoraConfig, apply_lora
 from jaxcorr.rollout import driver
-from jaxcorr.rollout.engine import PolicyEngine
+from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
 from jaxcorr.train import batch as batch_lib
 from jaxcorr.train import build, scoring
 from tests.helpers.model_testing import random_model, tiny_config
@@ -184,6 +184,35 @@ def test_moe_engine_records_the_exact_routing():
   fed = recorded[..., 0, 0] >= 0
   assert fed.sum() > 40 and (fed <= np.asarray(tb.segment_ids != 0)).all()
   assert np.array_equal(recorded[fed], experts[fed])
+
+
+def test_a_recomputed_cache_is_the_same_bits():
+  """`kv_on_update='recompute'` (`refresh_cache`): the exact prefill of
+  each slot's context rewrites its cache with the bits decoding wrote."""
+  engine = _engine('float32', 3)
+  prompts = PROMPTS[:3]
+  keys = driver.request_keys(0, 0, len(prompts), 1)
+  sp = SamplingParams(temperature=0.8)
+  prefix = engine.prefill_batch(engine.params, prompts, [0, 1, 2], keys, sp)
+  stop = engine.stop_array([])
+  state = engine.insert_batch(
+    prefix, engine.init_decode_state(), [0, 1, 2], [_NEW] * 3, stop
+  )
+  state, chunk = engine.decode_chunk(state, stop)
+  counts = np.asarray(chunk.counts)
+  first, sampled = np.asarray(prefix.token), np.asarray(chunk.tokens)
+  contexts = [
+    [*q, int(first[i]), *sampled[i, : counts[i] - 1].tolist()]
+    for i, q in enumerate(prompts)
+  ]
+  written = [len(c) for c in contexts]
+  assert written == np.asarray(state.cache.index).tolist()
+  before = [np.asarray(c) for c in state.cache.k + state.cache.v]
+  state = engine.refresh_cache(state, contexts)
+  after = [np.asarray(c) for c in state.cache.k + state.cache.v]
+  for b, a in zip(before, after):
+    for i, n in enumerate(written):
+      assert np.array_equal(b[i, :, :n], a[i, :, :n])
 
 
 @nnx.jit
