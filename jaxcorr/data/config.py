@@ -21,7 +21,7 @@ from jaxcorr.config.fields import (
   validate,
 )
 
-SOURCES = ('arithmetic', 'jsonl', 'parquet', 'reasoning_gym')
+SOURCES = ('arithmetic', 'code', 'jsonl', 'parquet', 'reasoning_gym')
 ANSWER_FORMATS = ('gsm8k', 'raw')
 TOKENIZERS = ('chars', 'bytes')
 _POS, _NAT = integer(1), integer(0)
@@ -36,7 +36,8 @@ class DataConfig:
     'arithmetic',
     one_of(*SOURCES),
     "'arithmetic' (generated, no files), 'jsonl', 'parquet' or "
-    "'reasoning_gym' (generated; pip install jaxcorr[reasoning_gym]).",
+    "'reasoning_gym' (generated; pip install jaxcorr[reasoning_gym]) or "
+    "'code' (generated functions with hidden tests: reward code_tests).",
   )
   path: str = setting('', text, 'jsonl/parquet: the training file.')
   eval_path: str = setting(
@@ -73,10 +74,10 @@ class DataConfig:
     'Shuffle every epoch (deterministic from train.seed and the epoch).',
   )
   num_examples: int = setting(
-    100_000, _POS, 'arithmetic, reasoning_gym: training examples.'
+    100_000, _POS, 'arithmetic, reasoning_gym, code: training examples.'
   )
   seed: int = setting(
-    0, _NAT, 'arithmetic, reasoning_gym: seed of the training examples.'
+    0, _NAT, 'arithmetic, reasoning_gym, code: seed of the training examples.'
   )
   max_operand: int = setting(99, _POS, 'arithmetic: largest operand.')
   ops: str = setting(
@@ -85,8 +86,8 @@ class DataConfig:
   eval_examples: int = setting(
     256,
     _NAT,
-    'arithmetic: held-out evaluation examples (seed + 1); reasoning_gym: '
-    'the same, drawn with seed + num_examples.',
+    'arithmetic: held-out evaluation examples (seed + 1); reasoning_gym, '
+    'code: the same, drawn with seed + num_examples.',
   )
   task: str = setting(
     '',

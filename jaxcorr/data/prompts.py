@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
+from jaxcorr.data.code_tasks import CodeSource
 from jaxcorr.data.config import ANSWER_FORMATS, SOURCES, DataConfig
 from jaxcorr.data.reasoning_gym import ReasoningGymSource
 from jaxcorr.data.tasks import ArithmeticSource, Example
@@ -277,6 +278,8 @@ def make_source(cfg: Any) -> Sequence[Example]:
     )
   if source == 'reasoning_gym':
     return _gym_source(cfg, _get(cfg, 'seed'), _get(cfg, 'num_examples'))
+  if source == 'code':
+    return CodeSource(_get(cfg, 'num_examples'), _get(cfg, 'seed'))
   return _file_source(cfg, source, _get(cfg, 'path'))
 
 
@@ -284,8 +287,8 @@ def make_eval_source(cfg: Any) -> Sequence[Example] | None:
   """The evaluation source of `config.data`, or None when there is none.
 
   arithmetic: `eval_examples` examples drawn with `seed + 1` (None when 0).
-  reasoning_gym: `eval_examples` rows drawn with `seed + num_examples`
-  (disjoint from the training rows: `jaxcorr.data.reasoning_gym`).
+  reasoning_gym, code: `eval_examples` rows drawn with `seed +
+  num_examples` (disjoint from the training rows).
   jsonl/parquet: the file at `eval_path` with the training file's fields
   (None when `eval_path` is '').
   """
@@ -294,6 +297,10 @@ def make_eval_source(cfg: Any) -> Sequence[Example] | None:
     n = _get(cfg, 'eval_examples')
     seed = _get(cfg, 'seed') + _get(cfg, 'num_examples')
     return _gym_source(cfg, seed, n) if n else None
+  if source == 'code':
+    n = _get(cfg, 'eval_examples')
+    seed = _get(cfg, 'seed') + _get(cfg, 'num_examples')
+    return CodeSource(n, seed) if n else None
   if source == 'arithmetic':
     n = _get(cfg, 'eval_examples')
     if not n:

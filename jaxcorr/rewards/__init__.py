@@ -29,6 +29,7 @@ from jaxcorr.rewards.answers import (
 from jaxcorr.rewards.config import RewardConfig
 from jaxcorr.rewards.registry import (
   REWARDS,
+  Outcome,
   RewardFn,
   exact_match,
   format_reward,
@@ -52,6 +53,7 @@ from jaxcorr.rewards.verifiers import (
 __all__ = [
   'MAX_STUCK',
   'REWARDS',
+  'Outcome',
   'RewardConfig',
   'RewardFn',
   'RewardFunctionFailing',
@@ -71,3 +73,7 @@ __all__ = [
   'register',
   'to_number',
 ]
+
+# Registers 'code_tests' (the sandboxed reward) with the built-in rewards;
+# last, because jaxcorr.sandbox imports this package's registry.
+import jaxcorr.sandbox  # noqa: F401

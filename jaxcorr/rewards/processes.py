@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxcorr.rewards.registry import Outcome
 from jaxcorr.rewards.workers import Task
 
 # Seconds a new worker may take to import its modules and answer.
@@ -83,6 +84,8 @@ class NotAFloat:
 
 def _plain(value: Any) -> Any:
   """A reward's value in a form that unpickles anywhere."""
+  if isinstance(value, Outcome):
+    return Outcome(_plain(value.value), str(value.reason)[:64])
   if isinstance(value, np.ndarray) and value.ndim == 0:
     value = value.item()
   if isinstance(value, bool | np.bool_):

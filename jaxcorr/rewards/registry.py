@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from typing import NamedTuple
 
 from jaxcorr.rewards.answers import (
   BOXED,
@@ -16,6 +17,16 @@ from jaxcorr.rewards.answers import (
 )
 
 RewardFn = Callable[[str, str], float]
+
+
+class Outcome(NamedTuple):
+  """A reward value with the reason for it ('passed', 'timeout', ...): a
+  reward may return one instead of a float, and the scorer counts each
+  reason per step in `reward/<name>/outcome/<reason>`."""
+
+  value: float
+  reason: str
+
 
 REWARDS: dict[str, RewardFn] = {}
 

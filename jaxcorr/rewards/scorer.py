@@ -45,11 +45,14 @@ Metrics (per step, summed over rows; docs/data_and_rewards.md):
 `reward/timeouts` (past `timeout_s`, past the step budget, or skipped for
 `MAX_STUCK`), `reward/stuck_calls` (abandoned calls still running),
 `reward/budget_exceeded` (1 when the step budget cut the scoring short),
-`reward/<name>/mean`.
+`reward/<name>/mean`, and `reward/<name>/outcome/<reason>`: the rows whose
+call returned an `Outcome` with that reason (a sandboxed run's 'passed',
+'timeout', 'memory', ...: jaxcorr/sandbox/).
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import math
@@ -65,7 +68,7 @@ import numpy as np
 from jaxcorr.config import fields
 from jaxcorr.rewards.config import RewardConfig
 from jaxcorr.rewards.processes import ProcessPool
-from jaxcorr.rewards.registry import _SPEC, REWARDS, parse_spec
+from jaxcorr.rewards.registry import _SPEC, REWARDS, Outcome, parse_spec
 from jaxcorr.rewards.workers import Task, WorkerPool
 
 # Abandoned calls of one function that may still be running before the
@@ -296,13 +299,22 @@ class RewardScorer:
       exc_info=None if exc is None else (type(exc), exc, exc.__traceback__),
     )
 
-  def _outcome(self, name: str, fut: concurrent.futures.Future) -> float | None:
-    """The call's value, or None after reporting why it failed."""
+  def _outcome(
+    self,
+    name: str,
+    fut: concurrent.futures.Future,
+    reasons: collections.Counter,
+  ) -> float | None:
+    """The call's value, or None after reporting why it failed; an
+    `Outcome`'s reason is counted in `reasons`."""
     exc = fut.exception()
     if exc is not None:
       self._report(name, f'raised {type(exc).__name__}: {exc}', exc)
       return None
     value = fut.result()
+    if isinstance(value, Outcome):
+      reasons[f'reward/{name}/outcome/{value.reason}'] += 1
+      value = value.value
     v = _valid(value)
     if v is None:
       self._report(name, f'returned {value!r}, not a finite float32', None)
@@ -342,6 +354,7 @@ class RewardScorer:
     pending: dict[Task, tuple[int, int]] = {}
     timeouts = 0
     failed = np.zeros(len(self._fns), np.int64)
+    reasons: collections.Counter = collections.Counter()
     for j, (name, fn) in enumerate(zip(self.names, self._fns)):
       if pool.stuck(name) >= MAX_STUCK:
         self._report(name, f'timed out: {MAX_STUCK} calls still hang', None)
@@ -364,7 +377,7 @@ class RewardScorer:
         name = self.names[j]
         if task.future.done():
           del pending[task]
-          v = self._outcome(name, task.future)
+          v = self._outcome(name, task.future, reasons)
           if v is None:
             failed[j] += 1
           else:
@@ -394,6 +407,7 @@ class RewardScorer:
     rewards, metrics = self._combine(
       values, int(failed.sum()), timeouts, budget_exceeded, pool.stuck()
     )
+    metrics.update((k, float(v)) for k, v in sorted(reasons.items()))
     return rewards, metrics, values
 
   def _combine(
