@@ -192,14 +192,13 @@ def abstract_engine(run: RunConfig, cfg: TransformerConfig, mesh: Mesh):
     else 0
   )
   rep = _replicated(mesh)
+  length = r.max_prompt_length + r.max_new_tokens
   state = jax.eval_shape(
     lambda: decode.init_state(
-      ecfg,
-      r.max_concurrent_decodes,
-      r.max_prompt_length + r.max_new_tokens,
-      pack_sampling(SamplingParams()),
+      ecfg, r.max_concurrent_decodes, length, pack_sampling(SamplingParams())
     )
   )
   state = with_shardings(state, jax.tree.map(lambda _: rep, state))
   stop = jax.ShapeDtypeStruct((4,), jnp.int32, sharding=rep)
-  return Engine(ecfg, params, state, stop, decode.jit_programs(graphdef, kept))
+  programs = decode.jit_programs(graphdef, kept, length if r.exact else 0)
+  return Engine(ecfg, params, state, stop, programs)
