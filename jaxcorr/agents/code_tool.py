@@ -4,7 +4,8 @@ CPU / memory / file-size / process limits, a wall-clock kill) and returns
 what it printed.
 
 The observation is the run's stdout, then its stderr after a `stderr:`
-line, each cut to `max_chars`, and a last line naming how a run that did
+line, each cut to `max_chars` (stderr keeps its end: a traceback's last
+line says what went wrong), and a last line naming how a run that did
 not end well ended (`[timeout]`, `[memory]`, `[output_limit]`, ...), so the
 agent can read its own traceback and try again. Each call is a fresh
 sandbox: nothing carries over between calls. A sandbox that cannot be
@@ -20,10 +21,14 @@ from jaxcorr.sandbox import runner
 TOOL_LIMITS = runner.Limits(timeout_s=5.0, cpu_s=5, max_output=16384)
 
 
-def _cut(text: str, max_chars: int) -> str:
+def _cut(text: str, max_chars: int, *, tail: bool = False) -> str:
+  """`text` cut to its first (or, for a traceback, last) `max_chars`."""
   if len(text) <= max_chars:
     return text
-  return text[:max_chars] + f'\n[... {len(text) - max_chars} more characters]'
+  note = f'[... {len(text) - max_chars} more characters]'
+  if tail:
+    return f'{note}\n{text[-max_chars:]}'
+  return f'{text[:max_chars]}\n{note}'
 
 
 def code_tool(
@@ -37,7 +42,7 @@ def code_tool(
       raise RuntimeError(f'the code sandbox failed to start: {result.detail}')
     parts = [_cut(result.stdout, max_chars)]
     if result.stderr:
-      parts.append('stderr:\n' + _cut(result.stderr, max_chars))
+      parts.append('stderr:\n' + _cut(result.stderr, max_chars, tail=True))
     if result.status not in (runner.OK, runner.ERROR):
       parts.append(f'[{result.status}]')
     return '\n'.join(p for p in parts if p) or '[no output]'
