@@ -24,6 +24,8 @@ argument, 500 otherwise), which the page shows; never a traceback.
 from __future__ import annotations
 
 import functools
+import html as html_lib
+import json
 import os
 from typing import Any
 
@@ -39,6 +41,54 @@ from jaxcorr.dashboard import data
 STATIC = os.path.join(os.path.dirname(__file__), 'static')
 PAGES = {'/': 'Overview', '/trajectory': 'Trajectories', '/lab': 'Mismatch lab'}
 _SAMPLE_HITS = 200
+# The overview's charts: (title, metric patterns); names in
+# jaxcorr/losses/correction/metrics.py, rl_step.py and stage.py.
+OVERVIEW = (
+  ('Reward', ('reward/mean',)),
+  ('Evaluation', ('eval/accuracy', 'eval/*pass@*', 'eval/*/accuracy')),
+  (
+    'Mismatch: k1 and k3 KL(μ‖π_old)',
+    ('rollout_corr/kl', 'rollout_corr/k3_kl'),
+  ),
+  (
+    'Effective sample size',
+    (
+      'rollout_corr/rollout_is_eff_sample_size',
+      'rollout_corr/rollout_is_seq_eff_sample_size',
+    ),
+  ),
+  (
+    'IS weights: min, mean, max',
+    (
+      'rollout_corr/rollout_is_min',
+      'rollout_corr/rollout_is_mean',
+      'rollout_corr/rollout_is_max',
+    ),
+  ),
+  (
+    'Rejected fractions',
+    (
+      'rollout_corr/rejected_token_fraction',
+      'rollout_corr/rejected_seq_fraction',
+    ),
+  ),
+  (
+    'Staleness (mean, max)',
+    ('rollout/staleness_mean', 'rollout/staleness_max'),
+  ),
+  (
+    'Time per phase (s)',
+    (
+      'time/rollout',
+      'time/reward',
+      'time/prepare',
+      'time/update',
+      'time/weight_sync',
+      'time/eval',
+    ),
+  ),
+)
+HISTOGRAMS = 'staleness/*_hist*'  # the staleness buckets' token fractions
 
 
 class BadRequest(ValueError):
@@ -50,12 +100,14 @@ def _page(path: str, title: str, poll_s: float) -> HTMLResponse:
     f'<a href="{p}"{" class=here" if p == path else ""}>{t}</a>'
     for p, t in PAGES.items()
   )
+  overview = html_lib.escape(json.dumps(OVERVIEW), quote=True)
   html = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>jaxcorr · {title}</title>
 <link rel="stylesheet" href="/static/uPlot.min.css">
 <link rel="stylesheet" href="/static/dashboard.css">
 <script src="/static/uPlot.iife.min.js"></script>
-<script src="/static/dashboard.js"></script></head>
+<script src="/static/dashboard.js" data-overview='{overview}'
+  data-histograms="{HISTOGRAMS}"></script></head>
 <body data-page="{path}" data-poll="{poll_s}">
 <header><b>jaxcorr</b> {nav}</header>
 <div id="notes"></div><main id="app"></main>

@@ -115,27 +115,16 @@ async function loadRuns() {
   return RUNS;
 }
 
-const OVERVIEW = [
-  ['Reward', ['reward/mean']],
-  ['Evaluation', ['eval/accuracy', 'eval/*pass@*', 'eval/*/accuracy']],
-  ['Mismatch: k1 and k3 KL(μ‖π_old)', ['rollout_corr/kl', 'rollout_corr/k3_kl']],
-  ['Effective sample size', ['rollout_corr/rollout_is_eff_sample_size',
-    'rollout_corr/rollout_is_seq_eff_sample_size']],
-  ['IS weights: min, mean, max', ['rollout_corr/rollout_is_min',
-    'rollout_corr/rollout_is_mean', 'rollout_corr/rollout_is_max']],
-  ['Rejected fractions', ['rollout_corr/rejected_token_fraction',
-    'rollout_corr/rejected_seq_fraction']],
-  ['Staleness (mean, max)', ['rollout/staleness_mean', 'rollout/staleness_max']],
-  ['Time per phase (s)', ['time/rollout', 'time/reward', 'time/prepare',
-    'time/update', 'time/weight_sync', 'time/eval']],
-];
+// The overview's charts: [title, metric patterns] (app.py OVERVIEW).
+const OVERVIEW = JSON.parse(document.currentScript.dataset.overview);
+const HISTOGRAMS = document.currentScript.dataset.histograms;
 
 async function overview() {
   const app = document.getElementById('app');
   await loadRuns();
   const keys = OVERVIEW.flatMap(([, k]) => k);
   const data = (await api('/api/series?keys=' + encodeURIComponent(keys.join(',')))).runs;
-  const latest = (await api('/api/latest?keys=staleness/*_hist*')).runs;
+  const latest = (await api('/api/latest?keys=' + encodeURIComponent(HISTOGRAMS))).runs;
   app.innerHTML = '';
   app.append(el('p', {class: 'runs'}, ...RUNS.map((r, i) => el('span',
     {class: 'run', style: `border-color:${COLORS[i % COLORS.length]}`},
