@@ -87,6 +87,8 @@ setup(
     ],
     # jaxcorr/endpoint: agents that speak the OpenAI API (docs/agents.md).
     'endpoint': ['fastapi>=0.110', 'uvicorn>=0.29', 'openai>=1.50'],
+    # jaxcorr/hubs/openenv_env.py: OpenEnv environments (docs/agents.md).
+    'openenv': ['openenv-core>=0.3'],
     # The math_verify reward (jaxcorr.rewards.verifiers): math-verify brings
     # sympy and an ANTLR LaTeX parser, which a trainer on its own tasks
     # never imports, so it is an extra, not a core requirement.

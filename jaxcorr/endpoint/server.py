@@ -127,39 +127,56 @@ def build_app(hub: SessionHub):
   return app
 
 
-class EndpointServer:
-  """The app on a uvicorn server in a daemon thread (`host`, `port`; port
-  0: a free one, read back as `.port`)."""
+class ThreadedServer:
+  """An ASGI app on a uvicorn server in a daemon thread (`host`, `port`;
+  port 0: a free one, read back as `.port`); uvicorn logs at `log_level`."""
 
-  def __init__(self, host: str = '127.0.0.1', port: int = 0):
-    self.hub = SessionHub()
+  def __init__(
+    self,
+    app: Any,
+    host: str = '127.0.0.1',
+    port: int = 0,
+    log_level: str = 'warning',
+  ):
     config = uvicorn.Config(
-      build_app(self.hub),
+      app,
       host=host,
       port=port,
-      log_level='warning',
+      log_level=log_level,
       access_log=False,
       lifespan='off',
     )
     self._server = uvicorn.Server(config)
     self._thread = threading.Thread(
-      target=self._server.run, name='jaxcorr-endpoint', daemon=True
+      target=self._server.run, name='jaxcorr-http', daemon=True
     )
     self._thread.start()
     deadline = time.monotonic() + 30
     while not self._server.started:
       if not self._thread.is_alive() or time.monotonic() > deadline:
-        raise RuntimeError(f'the endpoint could not listen on {host}:{port}')
+        raise RuntimeError(f'could not listen on {host}:{port}')
       time.sleep(0.01)
     self.host = host
     self.port = self._server.servers[0].sockets[0].getsockname()[1]
 
-  def base_url(self, session: str) -> str:
-    return f'http://{self.host}:{self.port}/s/{session}/v1'
+  @property
+  def url(self) -> str:
+    return f'http://{self.host}:{self.port}'
 
   def close(self) -> None:
     self._server.should_exit = True
     self._thread.join(timeout=5)
+
+
+class EndpointServer(ThreadedServer):
+  """The endpoint's app over a fresh `SessionHub` (`.hub`)."""
+
+  def __init__(self, host: str = '127.0.0.1', port: int = 0):
+    self.hub = SessionHub()
+    super().__init__(build_app(self.hub), host, port)
+
+  def base_url(self, session: str) -> str:
+    return f'{self.url}/s/{session}/v1'
 
 
 _SERVERS: dict[tuple[str, int], EndpointServer] = {}

@@ -207,6 +207,6 @@ def test_an_agent_that_raises_or_hangs_fails_its_row_only(server):
   env.reset(ROW)
   with pytest.raises(TimeoutError, match='in 1 s'):
     env.step('x')
-  env._close()  # as `finish` does after the failed trajectory
+  env.close()  # as `finish` does after the failed trajectory
   # The session has ended, and the server still serves.
   assert _wait(late, 10.0) == [409]
