@@ -81,6 +81,8 @@ setup(
       'fastapi>=0.110',
       'uvicorn>=0.29',
       'openai>=1.50',
+      # tests/hubs: an OpenEnv server and client (jaxcorr/hubs/openenv_env.py).
+      'openenv-core>=0.3',
       # The dashboard's browser test drives Debian's chromium through its
       # chromedriver (tests/dashboard/test_browser.py).
       'selenium>=4.20',
