@@ -23,10 +23,12 @@ argument, 500 otherwise), which the page shows; never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html as html_lib
 import json
 import os
+import threading
 from typing import Any
 
 from etils import epath
@@ -201,6 +203,17 @@ class Dashboard:
 
   # ------------------------------------------------------------ app
 
+  def warm_up(self) -> None:
+    """Read every run's metrics and the lab's results now, on a thread:
+    the first page finds them parsed (or waits on the reader's lock)."""
+
+    def read():
+      for r in self.runs:
+        r.status()
+      lab_folders(self.lab_dir)
+
+    threading.Thread(target=read, daemon=True).start()
+
   def app(self) -> Starlette:
     def page(path, title):
       async def handler(request):
@@ -221,8 +234,15 @@ class Dashboard:
     routes = [Route(p, page(p, t)) for p, t in PAGES.items()]
     routes += [Route(f'/api/{k}', v) for k, v in api.items()]
     routes.append(Mount('/static', StaticFiles(directory=STATIC)))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+      self.warm_up()
+      yield
+
     return Starlette(
       routes=routes,
+      lifespan=lifespan,
       exception_handlers={Exception: _error, BadRequest: _error},
     )
 

@@ -50,7 +50,10 @@ class MetricsFile:
   def _reset(self) -> None:
     self.offset = 0
     self.last_line = b''
-    self.columns: dict[str, tuple[list[int], list[float | None]]] = {}
+    self.records: list[dict] = []  # the lines, 'step' popped
+    self.keys: dict[str, None] = {}  # every key seen, in order
+    # key -> (steps, values, [records consumed]): built on request.
+    self.columns: dict[str, tuple[list, list, list[int]]] = {}
     self.steps: list[int] = []
     self.bad_lines = 0
     self.pending = False  # a last line still being written
@@ -94,33 +97,40 @@ class MetricsFile:
         self.bad_lines += 1
         continue
       self.steps.append(step)
-      for k, v in record.items():
-        col = self.columns.get(k)
-        if col is None:
-          col = self.columns[k] = ([], [])
-        col[0].append(step)
-        col[1].append(_number(v))
+      self.records.append(record)
+      self.keys.update(dict.fromkeys(record))
+
+  def _column(self, key: str) -> tuple[list[int], list[float | None]]:
+    """A key's (steps, values), built on its first request, then extended
+    by the records appended since (a page asks for ~20 of ~100 keys)."""
+    col = self.columns.get(key)
+    if col is None:
+      col = self.columns[key] = ([], [], [0])
+    steps, values, done = col
+    new = zip(self.steps[done[0] :], self.records[done[0] :], strict=True)
+    for step, record in new:
+      if key in record:
+        steps.append(step)
+        values.append(_number(record[key]))
+    done[0] = len(self.records)
+    return steps, values
+
+  def _matching(self, patterns: list[str]) -> list[str]:
+    return [
+      k for k in self.keys if any(fnmatch.fnmatchcase(k, p) for p in patterns)
+    ]
 
   def series(self, patterns: list[str]) -> dict[str, list[list]]:
     """{key: [steps, values]} of the keys matching any glob pattern."""
     with self.lock:
-      keys = [
-        k
-        for k in self.columns
-        if any(fnmatch.fnmatchcase(k, p) for p in patterns)
-      ]
       return {
-        k: [list(self.columns[k][0]), list(self.columns[k][1])] for k in keys
+        k: [list(c) for c in self._column(k)] for k in self._matching(patterns)
       }
 
   def latest(self, patterns: list[str]) -> dict[str, float | None]:
     """The last value of each matching key."""
     with self.lock:
-      return {
-        k: c[1][-1]
-        for k, c in self.columns.items()
-        if any(fnmatch.fnmatchcase(k, p) for p in patterns)
-      }
+      return {k: self._column(k)[1][-1] for k in self._matching(patterns)}
 
 
 class _Parsed:

@@ -86,7 +86,12 @@ def trace_row(step: int, row: int, length: int) -> dict:
 
 
 def write_workdir(
-  path: str, steps: int, *, trace_rows: int = 4, trace_len: int = 12
+  path: str,
+  steps: int,
+  *,
+  trace_rows: int = 4,
+  trace_len: int = 12,
+  samples: int = 20,
 ) -> None:
   with metrics_lib.MetricWriter(path) as writer:
     for s in range(1, steps + 1):
@@ -94,7 +99,7 @@ def write_workdir(
       writer.write(s, {**step_metrics(s), **extra})
   rows = [trace_row(steps, r, trace_len) for r in range(trace_rows)]
   traces.TraceWriter(path, max_mb=1024).write(steps, rows)
-  samples = [
+  rows = [
     {
       'step': steps,
       'set': '',
@@ -107,6 +112,6 @@ def write_workdir(
       'reward': float(i % 2 == 0),
       'score': float(i % 2 == 0),
     }
-    for i in range(20)
+    for i in range(samples)
   ]
-  samples_log.write(f'{path}/{samples_log.DIRNAME}', steps, samples)
+  samples_log.write(f'{path}/{samples_log.DIRNAME}', steps, rows)
