@@ -2,7 +2,8 @@
 # The device checks of the speed and multi-turn issues, as one script for a
 # lent GPU machine (docs/benchmarks.md, "GPU"). Run from the repo root:
 #
-#   bash bench/device.sh OUT_DIR [PART ...]    # default: every part
+#   bash bench/device.sh OUT_DIR [PART ...]    # default: the parts below
+#   bash bench/device.sh OUT_DIR exact exact_tiles   # exact mode (~8 min)
 #
 # The machine has JAX with CUDA but none of jaxcorr's own requirements and no
 # network, so the caller brings them as wheels in .whl/ (ml-collections,
@@ -79,6 +80,11 @@ for p in $parts; do
   # SmolLM2's shape, packed rows, remat 'none' against 'dots'.
   smollm2_remat) part smollm2_remat 150 python3 bench/update.py --reps=3 \
     --like=$smol --new-tokens=512 --remat=none,dots ;;
+  # Exact mode's cost (issue 39 item 2): rollout tokens/s and the update
+  # with rollout.exact on and off, alternating reps; then the token tile.
+  exact) part exact 240 python3 bench/exact.py --reps=5 ;;
+  exact_tiles) part exact_tiles 240 python3 bench/exact.py --reps=3 \
+    --parts=rollout --tiles=8,32,128 ;;
   *) echo "unknown part $p" ;;
   esac
 done

@@ -110,18 +110,11 @@ def new_tokens(workload: str) -> int:
 # ------------------------------------------------------------ workers
 
 
-def _jaxcorr_worker(decode_chunk: int) -> None:
-  """Serve 'a' / 'b' lines on stdin with one timed driver.generate each."""
-  import jax
-  from flax import nnx
-
-  import jaxcorr
-  from jaxcorr.model import Transformer, TransformerConfig
-  from jaxcorr.rollout import driver
+def bench_engine(model, decode_chunk: int, **kw):
+  """The engine of the workloads above for `model`, every (batch size,
+  bucket) variant of (b) compiled up front where the checkout can."""
   from jaxcorr.rollout.engine import PolicyEngine, SamplingParams
 
-  model = Transformer(TransformerConfig(**MODEL), rngs=nnx.Rngs(0))
-  kw = {}
   if 'decode_chunk' in inspect.signature(PolicyEngine).parameters:
     kw['decode_chunk'] = decode_chunk
   engine = PolicyEngine(
@@ -131,8 +124,7 @@ def _jaxcorr_worker(decode_chunk: int) -> None:
     max_target_length=PROMPT_LEN + NEW,
     **kw,
   )
-  ps = prompts()
-  try:  # every (batch size, bucket) variant of (b) compiled up front
+  try:
     from jaxcorr.rollout.decoder import Decoder
 
     Decoder(
@@ -143,25 +135,54 @@ def _jaxcorr_worker(decode_chunk: int) -> None:
     ).warm_up()
   except (ImportError, AttributeError):  # a checkout without warm_up
     pass
+  return engine
 
-  def run(workload: str, seed: int) -> dict:
-    t0 = time.perf_counter()
-    batch = driver.generate(
-      engine,
-      ps,
-      num_samples=SAMPLES,
-      max_new_tokens=new_tokens(workload),
-      stop_token_ids=stop_ids(workload),
-      seed=seed,
-    )
-    jax.block_until_ready(batch.response_tokens)
-    secs = time.perf_counter() - t0
-    lengths = batch.response_mask.sum(1)
-    return dict(
-      seconds=secs, tokens=int(lengths.sum()), lengths=lengths.tolist()
-    )
 
-  serve(run, name=f'jaxcorr {os.path.dirname(jaxcorr.__file__)}')
+def timed_generate(engine, workload: str, seed: int) -> dict:
+  """One `driver.generate` of `workload`: its wall and process CPU time,
+  real response tokens and per-row lengths."""
+  import jax
+
+  from jaxcorr.rollout import driver
+
+  t0, c0 = time.perf_counter(), time.process_time()
+  batch = driver.generate(
+    engine,
+    prompts(),
+    num_samples=SAMPLES,
+    max_new_tokens=new_tokens(workload),
+    stop_token_ids=stop_ids(workload),
+    seed=seed,
+  )
+  jax.block_until_ready(batch.response_tokens)
+  secs = time.perf_counter() - t0
+  lengths = batch.response_mask.sum(1)
+  return dict(
+    seconds=secs,
+    cpu=time.process_time() - c0,  # every thread's CPU time
+    tokens=int(lengths.sum()),
+    lengths=lengths.tolist(),
+  )
+
+
+def bench_model():
+  """The 5M-param model of the workloads, float32, seed 0."""
+  from flax import nnx
+
+  from jaxcorr.model import Transformer, TransformerConfig
+
+  return Transformer(TransformerConfig(**MODEL), rngs=nnx.Rngs(0))
+
+
+def _jaxcorr_worker(decode_chunk: int) -> None:
+  """Serve 'a' / 'b' lines on stdin with one timed driver.generate each."""
+  import jaxcorr
+
+  engine = bench_engine(bench_model(), decode_chunk)
+  serve(
+    lambda w, seed: timed_generate(engine, w, seed),
+    name=f'jaxcorr {os.path.dirname(jaxcorr.__file__)}',
+  )
 
 
 def serve(run, name: str) -> None:

@@ -47,7 +47,11 @@ from jaxcorr.train.state import TrainState, make_optimizer
 from jaxcorr.train.step import Steps
 
 
-def run_config(args, packing: bool, remat: str | None = None):
+def run_config(
+  args, packing: bool, remat: str | None = None, sets: dict | None = None
+):
+  """The bench's run: arith_tiny with `args`' shapes, then `sets`
+  ({'section.field': value}, e.g. {'rollout.exact': True})."""
   c = arith_tiny.get_config(args.preset)
   if args.like:  # a real model's shape, random weights (Side's init)
     c.model.hf_path = args.like
@@ -70,6 +74,9 @@ def run_config(args, packing: bool, remat: str | None = None):
   c.train.packing = packing
   if remat:
     c.model.remat = remat
+  for path, value in (sets or {}).items():
+    section, field = path.split('.')
+    c[section][field] = value
   return build.build(c)
 
 
@@ -116,9 +123,14 @@ class Side:
   """One layout's compiled prepare + update on its own state."""
 
   def __init__(
-    self, args, packing: bool, host: TrainBatch, remat: str | None = None
+    self,
+    args,
+    packing: bool,
+    host: TrainBatch,
+    remat: str | None = None,
+    sets: dict | None = None,
   ):
-    self.run = run_config(args, packing, remat)
+    self.run = run_config(args, packing, remat, sets)
     self.mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ('data',))
     cfg = transformer_config(self.run.model)
     graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
