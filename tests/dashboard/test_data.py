@@ -26,11 +26,12 @@ def test_tails_the_writer_and_follows_a_resume(tmp_path):
   assert _reward(run) == [[1, 2], [0.1, 0.2]]
   writer.write(3, {'reward/mean': float('nan')})
   assert _reward(run) == [[1, 2, 3], [0.1, 0.2, None]]
-  # A resume from step 1 rewrites the file; the reader starts over.
+  # A resume from step 1 rewrites the file, longer by the next poll than
+  # the one read: the reader sees its last line gone and starts over.
   writer.resume(1)
-  writer.write(2, {'reward/mean': 0.5})
-  writer.write(3, {'reward/mean': 0.6})
-  assert _reward(run) == [[1, 2, 3], [0.1, 0.5, 0.6]]
+  for s in (2, 3, 4):
+    writer.write(s, {'reward/mean': s / 10 + 0.3})
+  assert _reward(run) == [[1, 2, 3, 4], [0.1, 0.5, 0.6, 0.7]]
   writer.close()
 
 
