@@ -137,6 +137,19 @@ def check_vcpo(knobs: VCPOKnobs, corr_cfg) -> None:
     )
 
 
+def check_estimator(knobs: VCPOKnobs, estimator: str, kl_in_reward) -> None:
+  """Start-up rule: the baseline replaces GRPO's group baseline of the
+  sequence rewards, so it takes `algorithm.estimator='grpo'` and no KL in
+  reward (whose token rewards it would drop)."""
+  if knobs.grad_baselining and (estimator != 'grpo' or kl_in_reward):
+    raise ValueError(
+      'actor.grad_baselining=True replaces the group baseline of the '
+      f'sequence rewards, but algorithm.estimator={estimator!r}'
+      f'{" with kl_in_reward" if kl_in_reward else ""}; allowed: '
+      "estimator='grpo' without algorithm.kl_in_reward"
+    )
+
+
 def seq_log_weights(
   old_logp: jax.Array, rollout_logp: jax.Array, mask: jax.Array
 ) -> jax.Array:

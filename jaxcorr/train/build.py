@@ -35,7 +35,7 @@ from jaxcorr.config import convert, fields
 from jaxcorr.data import prompts, reasoning_gym, text
 from jaxcorr.data.config import DataConfig
 from jaxcorr.data.tasks import Example
-from jaxcorr.losses import objective_config, overlong
+from jaxcorr.losses import objective_config, overlong, vcpo
 from jaxcorr.losses.advantages import AdvantageConfig
 from jaxcorr.losses.correction import CorrectionConfig
 from jaxcorr.losses.objective_config import ActorLossConfig, LossConfigs
@@ -221,8 +221,9 @@ def check_combinations(run: RunConfig) -> None:
       f'at most batch/mini_batches = {r.batch_size // t.mini_batches}',
     )
   _check_moe(run)
-  overlong.check_max_length(run.reward, r.max_new_tokens, 'config.reward')
   estimator = run.algorithm.advantage.estimator
+  overlong.check_max_length(run.reward, r.max_new_tokens, 'config.reward')
+  vcpo.check_estimator(run.losses.actor, estimator, run.algorithm.kl_in_reward)
   if estimator == 'gae' and not run.critic.enabled:
     fail(
       'config.critic.enabled',

@@ -197,6 +197,13 @@ def test_bad_settings_fail_at_build_naming_the_field(overrides, field):
     _run(preset, **overrides)
 
 
+def test_opob_needs_grpo_without_kl_in_reward():
+  with pytest.raises(ValueError, match=r"actor\.grad_baselining.*'rloo'"):
+    _run(actor__grad_baselining=True, algorithm__estimator='rloo')
+  _run(actor__grad_baselining=True)
+  _run(actor__ess_scaling=True, algorithm__estimator='rloo')
+
+
 def test_vcpo_in_bypass_mode_fails_at_build():
   with pytest.raises(ValueError, match=r"correction.mode='bypass'"):
     _run('bypass_pg_is', actor__ess_scaling=True)
