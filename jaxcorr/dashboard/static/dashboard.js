@@ -80,16 +80,30 @@ function chart(parent, title, runs, keys, names) {
   }
   const xs = [...steps].sort((a, b) => a - b);
   const data = [xs, ...lines.map(l => xs.map(x => l.map.has(x) ? l.map.get(x) : null))];
+  // Several runs: a colour per run, a dash pattern per metric.
   const series = [{label: 'step'}, ...lines.map((l, j) => ({
     label: (names ? names[l.run] + ' · ' : '') + l.key,
-    stroke: COLORS[(runs.length > 1 ? l.run * keys.length + keys.indexOf(l.key) : j) % COLORS.length],
+    stroke: COLORS[(names ? l.run : j) % COLORS.length],
+    dash: names ? DASHES[keys.indexOf(l.key) % DASHES.length] : [],
     spanGaps: true, points: {show: xs.length < 60},
   }))];
   const width = Math.max(box.clientWidth || 560, 320);
-  const u = new uPlot({width, height: 220, series, scales: {x: {time: false}}},
-    data, box);
+  const u = new uPlot({width, height: 220, series,
+    scales: {x: {time: false}, y: {range: yRange}},
+    axes: [{}, {size: 64, values: (_, vals) => vals.map(fmt)}]}, data, box);
   box.dataset.points = JSON.stringify(data);
   return u;
+}
+
+const DASHES = [[], [8, 4], [2, 3], [12, 3, 2, 3]];
+
+// The y range: 5% margins, and a flat or empty series still gets a span
+// (uPlot's own range collapses on a constant).
+function yRange(u, min, max) {
+  if (min == null || max == null) return [0, 1];
+  if (min === max) { const d = Math.abs(min) * 0.1 || 1; return [min - d, max + d]; }
+  const pad = (max - min) * 0.05;
+  return [min - pad, max + pad];
 }
 
 function bars(parent, title, labels, values, name) {
