@@ -226,8 +226,12 @@ class Tracer:
     rb = scored.batch
     finish = np.asarray(rb.finish_reason)
     # Rows of this process (the first rows of the global batch on process
-    # 0, the one that writes), not padding.
+    # 0, the one that writes), not padding. The gather below is one
+    # program on every process: with several, the rows are drawn from
+    # (seed, step) alone, the same everywhere, padding or not.
     live = (finish != FinishReason.PAD) & np.asarray(rb.context_mask).any(1)
+    if jax.process_count() > 1:
+      live = np.ones_like(live)
     idx = select_rows(live, self.rows, self.seed, step)
     if idx.size == 0:
       return []
