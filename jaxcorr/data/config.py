@@ -21,7 +21,7 @@ from jaxcorr.config.fields import (
   validate,
 )
 
-SOURCES = ('arithmetic', 'code', 'jsonl', 'parquet', 'reasoning_gym')
+SOURCES = ('arithmetic', 'jsonl', 'parquet', 'reasoning_gym', 'code')
 ANSWER_FORMATS = ('gsm8k', 'raw')
 TOKENIZERS = ('chars', 'bytes')
 _POS, _NAT = integer(1), integer(0)

@@ -249,7 +249,9 @@ def _file_source(cfg: Any, source: str, path: str) -> Sequence[Example]:
   )
 
 
-def _gym_source(cfg: Any, seed: int, size: int) -> Sequence[Example]:
+def _generated(cfg: Any, seed: int, size: int) -> Sequence[Example]:
+  if _get(cfg, 'source') == 'code':
+    return CodeSource(size, seed)
   return ReasoningGymSource(
     _get(cfg, 'task'), _get(cfg, 'task_config'), seed, size
   )
@@ -276,10 +278,8 @@ def make_source(cfg: Any) -> Sequence[Example]:
       _get(cfg, 'max_operand'),
       _get(cfg, 'ops'),
     )
-  if source == 'reasoning_gym':
-    return _gym_source(cfg, _get(cfg, 'seed'), _get(cfg, 'num_examples'))
-  if source == 'code':
-    return CodeSource(_get(cfg, 'num_examples'), _get(cfg, 'seed'))
+  if source in ('reasoning_gym', 'code'):
+    return _generated(cfg, _get(cfg, 'seed'), _get(cfg, 'num_examples'))
   return _file_source(cfg, source, _get(cfg, 'path'))
 
 
@@ -288,19 +288,15 @@ def make_eval_source(cfg: Any) -> Sequence[Example] | None:
 
   arithmetic: `eval_examples` examples drawn with `seed + 1` (None when 0).
   reasoning_gym, code: `eval_examples` rows drawn with `seed +
-  num_examples` (disjoint from the training rows).
+  num_examples` (not the training rows' seed).
   jsonl/parquet: the file at `eval_path` with the training file's fields
   (None when `eval_path` is '').
   """
   source = _source_name(cfg)
-  if source == 'reasoning_gym':
+  if source in ('reasoning_gym', 'code'):
     n = _get(cfg, 'eval_examples')
     seed = _get(cfg, 'seed') + _get(cfg, 'num_examples')
-    return _gym_source(cfg, seed, n) if n else None
-  if source == 'code':
-    n = _get(cfg, 'eval_examples')
-    seed = _get(cfg, 'seed') + _get(cfg, 'num_examples')
-    return CodeSource(n, seed) if n else None
+    return _generated(cfg, seed, n) if n else None
   if source == 'arithmetic':
     n = _get(cfg, 'eval_examples')
     if not n:
