@@ -39,6 +39,8 @@ _FRAMEWORKS = (
   'frontier/nemo_rl',
   'frontier/slime_frontier',
   'frontier/verl_pr',
+  # Numpy re-enactments of reference code (tests/conformance/*/reference.py).
+  'dynamic_sampling',
 )
 
 

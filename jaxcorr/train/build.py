@@ -48,6 +48,7 @@ from jaxcorr.train.critic import CriticConfig
 from jaxcorr.train.evals import sets as eval_sets
 from jaxcorr.train.evals.config import EvalConfig
 from jaxcorr.train.policy import ModelConfig, transformer_config
+from jaxcorr.train.rollouts import dynamic_sampling
 from jaxcorr.train.rollouts.config import RolloutConfig
 from jaxcorr.train.rollouts.weights import quant_spec
 from jaxcorr.train.routing.config import MoEConfig
@@ -69,6 +70,7 @@ SECTIONS: dict[str, type] = {
   'agent': AgentConfig,
   'lora': LoraConfig,
   'moe': MoEConfig,
+  'dynamic_sampling': dynamic_sampling.DynamicSamplingConfig,
 }
 """The trainer sections that map one ConfigDict section to one dataclass
 (`correction`, `actor` and `algorithm` are assembled below)."""
@@ -221,6 +223,11 @@ def check_combinations(run: RunConfig) -> None:
       f'at most batch/mini_batches = {r.batch_size // t.mini_batches}',
     )
   _check_moe(run)
+  dynamic_sampling.check(
+    run.dynamic_sampling,
+    r.samples_per_prompt,
+    [name for name, _ in rewards.parse_spec(run.reward.functions)],
+  )
   estimator = run.algorithm.advantage.estimator
   overlong.check_max_length(run.reward, r.max_new_tokens, 'config.reward')
   vcpo.check_estimator(run.losses.actor, estimator, run.algorithm.kl_in_reward)

@@ -47,6 +47,7 @@ from jaxcorr.train.critic import CriticConfig
 from jaxcorr.train.evals.config import EvalConfig
 from jaxcorr.train.policy import ModelConfig
 from jaxcorr.train.rollouts.config import RolloutConfig
+from jaxcorr.train.rollouts.dynamic_sampling import DynamicSamplingConfig
 from jaxcorr.train.routing.config import MoEConfig
 from jaxcorr.train.state import OptimConfig
 from jaxcorr.train.tracker import profile, sinks
@@ -202,6 +203,9 @@ class RunConfig:
   agent: AgentConfig = dataclasses.field(default_factory=AgentConfig)
   lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
   moe: MoEConfig = dataclasses.field(default_factory=MoEConfig)
+  dynamic_sampling: DynamicSamplingConfig = dataclasses.field(
+    default_factory=DynamicSamplingConfig
+  )
 
   @property
   def needs_ref(self) -> bool:

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from jaxcorr.train.rollouts import dynamic_sampling
 from jaxcorr.train.rollouts.stage import RolloutStage, Scored
 from jaxcorr.train.tracker.reduction import Metric, Metrics
 
@@ -135,8 +136,7 @@ class AsyncRollouts:
           t0 = time.perf_counter()
           engine.update_params(params, version=v)
           sync_s = time.perf_counter() - t0
-        examples = self.loader.next_batch()
-        scored = self.stage.run_step(examples, step=step)
+        scored = dynamic_sampling.sample_step(self.stage, self.loader, step)
         scored.loader_state = self.loader.state()
         scored.metrics['time/weight_sync'] = Metric.avg(sync_s)
         while not self._stop.is_set():

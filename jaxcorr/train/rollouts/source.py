@@ -14,7 +14,8 @@ samples ahead in a producer thread with a fixed lag; `StreamRollouts`
 between decode chunks, while sequences are in flight. Either way the source
 owns the prompt loader from `start` on, and each `Scored` carries the
 loader's state after its draw: what a checkpoint taken after training on it
-records.
+records. With `dynamic_sampling.enabled` a step's batch may take several
+loader batches (jaxcorr/train/rollouts/dynamic_sampling.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from jaxcorr.data.prompts import PromptLoader
+from jaxcorr.train.rollouts import dynamic_sampling
 from jaxcorr.train.rollouts.fixed_lag import AsyncRollouts
 from jaxcorr.train.rollouts.stage import RolloutStage, Scored
 from jaxcorr.train.rollouts.stream import StreamRollouts
@@ -73,7 +75,7 @@ class SyncRollouts:
     stage.engine.update_params(weights(), version=start)
 
   def next(self) -> Scored:
-    scored = self.stage.run_step(self.loader.next_batch(), step=self.step)
+    scored = dynamic_sampling.sample_step(self.stage, self.loader, self.step)
     scored.loader_state = self.loader.state()
     self.step += 1
     return scored

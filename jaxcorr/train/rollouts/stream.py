@@ -52,6 +52,14 @@ scored as in sync mode (`RolloutStage.score_agents`). A trajectory may
 span versions: each agent token keeps its own (environment tokens have
 none), so the bound and the policies above act per agent token.
 
+Dynamic sampling (`dynamic_sampling.enabled`,
+jaxcorr/train/rollouts/dynamic_sampling.py) runs here, at the producer:
+when the head draw finishes and its kept groups fall short, the loader's
+next batch is submitted as another round of that draw while the later
+draws go on decoding; the draw is emitted once full. A step's loader
+state is then the loader's after its last round, exact at the drained
+checkpoints below.
+
 Resume: a checkpoint after step s records the loader state after draw s,
 so a resumed run draws the same prompts from s + 1 on; rows in flight at
 the checkpoint are not saved. With 'scheduled' swaps the stream drains at
@@ -75,12 +83,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import jax
-
 from jaxcorr.agents.driver import Episode
 from jaxcorr.rollout import driver
 from jaxcorr.rollout.decoder import Decoder, Request
 from jaxcorr.rollout.state import SamplingParams
+from jaxcorr.train.rollouts import dynamic_sampling
 from jaxcorr.train.rollouts.stage import RolloutStage, Scored, step_seed
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.tracker.reduction import Metric, Metrics
@@ -100,6 +107,7 @@ class _Draw:
   t_submit: float = 0.0
   swaps: int = 0  # weight swaps while its rows were in flight
   sync_s: float = 0.0  # time spent swapping them in
+  filler: Any = None  # its rounds under dynamic sampling, else None
 
 
 class StreamRollouts:
@@ -219,7 +227,10 @@ class StreamRollouts:
           draw.done.append(item)
           draw.pending -= 1
         while draws and next(iter(draws.values())).pending == 0:
-          self._emit(draws.pop(emitted))
+          scored = self._score(draws[emitted])
+          if scored is None:
+            break  # a back-fill round of the head draw is in flight
+          self._emit(draws.pop(emitted), scored)
           emitted += 1
     except BaseException as e:
       self._error = e
@@ -288,24 +299,47 @@ class StreamRollouts:
 
   def _submit(self, d: int) -> _Draw:
     """Draw d's prompts, every sample submitted (keys as in sync mode)."""
+    draw = _Draw(step=d, examples=[], loader_state={}, pending=0)
+    if self.run.dynamic_sampling.enabled:
+      names = self.stage.scorer.names
+      draw.filler = dynamic_sampling.Filler(self.run, names, d)
+    self._submit_round(draw)
+    return draw
+
+  def _submit_round(self, draw: _Draw) -> None:
+    """The loader's next batch for `draw` (its next round under dynamic
+    sampling: keys offset as in sync mode, `dynamic_sampling.first_prompt`)."""
     examples = self.loader.next_batch()
     n = self.run.rollout.samples_per_prompt
+    rounds = draw.filler.rounds if draw.filler else 0
     keys = driver.request_keys(
-      step_seed(self.run.train.seed, d),
-      jax.process_index() * len(examples),
+      step_seed(self.run.train.seed, draw.step),
+      dynamic_sampling.first_prompt(rounds, len(examples)),
       len(examples),
       n,
     )
-    return _Draw(
-      step=d,
-      examples=examples,
-      loader_state=self.loader.state(),
-      pending=self.lane.submit(d, examples, keys, n),
-      t_submit=time.perf_counter(),
-    )
+    draw.examples, draw.done = examples, []
+    draw.loader_state = self.loader.state()
+    draw.pending = self.lane.submit(draw.step, examples, keys, n)
+    draw.t_submit = time.perf_counter()
 
-  def _emit(self, draw: _Draw) -> None:
+  def _score(self, draw: _Draw) -> Scored | None:
+    """The finished head draw's batch, or None when dynamic sampling
+    submitted another round for it (the later draws keep decoding: the
+    trainer waits only if the queue runs dry)."""
     scored = self.lane.score(draw, time.perf_counter() - draw.t_submit)
+    if draw.filler is None:
+      return scored
+    if draw.filler.add(scored):
+      self._submit_round(draw)
+      return None
+    # The loader after every round of this draw; draws submitted after it
+    # drew theirs before its back-fill, so only a drained stream (a
+    # checkpoint step with scheduled swaps) resumes exactly from it.
+    draw.loader_state = self.loader.state()
+    return draw.filler.result()
+
+  def _emit(self, draw: _Draw, scored: Scored) -> None:
     scored.loader_state = draw.loader_state
     now = time.perf_counter()
     span = now - self._t_emit
