@@ -83,6 +83,8 @@ setup(
       'openai>=1.50',
       # tests/hubs: an OpenEnv server and client (jaxcorr/hubs/openenv_env.py).
       'openenv-core>=0.3',
+      # tests/hubs: a verifiers environment (jaxcorr/hubs/verifiers_env.py).
+      'verifiers>=0.4,<0.5',
       # The dashboard's browser test drives Debian's chromium through its
       # chromedriver (tests/dashboard/test_browser.py).
       'selenium>=4.20',
@@ -91,6 +93,8 @@ setup(
     'endpoint': ['fastapi>=0.110', 'uvicorn>=0.29', 'openai>=1.50'],
     # jaxcorr/hubs/openenv_env.py: OpenEnv environments (docs/agents.md).
     'openenv': ['openenv-core>=0.3'],
+    # jaxcorr/hubs/verifiers_env.py: verifiers (its v1 stack) environments.
+    'verifiers': ['verifiers>=0.4,<0.5', 'openai>=1.50'],
     # The math_verify reward (jaxcorr.rewards.verifiers): math-verify brings
     # sympy and an ANTLR LaTeX parser, which a trainer on its own tasks
     # never imports, so it is an extra, not a core requirement.
