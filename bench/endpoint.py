@@ -7,16 +7,19 @@ in-process environment API, on the same engine and the same trajectories.
 1. **Rollouts**: B trajectories of `--turns` agent turns (`--turn_tokens`
    each) with a `--obs`-digit tool message between turns, on a tiny random
    model over bytes ('arith' chat template). Once with an in-process
-   environment that returns the tool message, once with an `openai`
-   client program per trajectory that sends the same tool message through
-   the endpoint (one HTTP call per agent turn). Both sample the same
-   tokens (checked); reported: the wall time of each, paired and
-   alternated rep by rep (the shared machine's load drifts), the median
-   of the endpoint / in-process ratios, and the median extra time per
-   call ((endpoint - in-process) / calls).
-2. **Per call, no engine**: one environment step with a fixed turn text,
-   in-process (a method call) and through the endpoint (the reply to the
-   agent's open call, its next call back): median microseconds, alternated.
+   environment that returns the tool message, and once per agent kind
+   with a program per trajectory that sends the same tool message through
+   the endpoint (one HTTP call per agent turn): 'openai' (the official
+   client) and 'http' (plain JSON over `httpx`: the server's share).
+   All sample the same tokens (checked). Reported: the wall time of each
+   (reset to last finish), the kinds rotated rep by rep (the shared
+   machine's load drifts), the median of the endpoint / in-process ratios
+   of the same rep, and the median extra time per call ((endpoint -
+   in-process) / calls).
+2. **Per call, no engine**: environment steps with a fixed turn text over
+   conversations of `--turns` calls, in-process (a method call) and
+   through the endpoint (the reply to the agent's open call, its next
+   call back): median microseconds per call, kinds rotated.
 """
 
 from __future__ import annotations
