@@ -87,6 +87,7 @@ OVERVIEW = (
       'time/update',
       'time/weight_sync',
       'time/eval',
+      'time/trace',
     ),
   ),
 )

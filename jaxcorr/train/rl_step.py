@@ -224,12 +224,14 @@ class RLStep:
       )
       state, upd = self.steps.update(state, train_batch, packed, light=light)
       device_metrics = metrics.to_host_scalars({**prep, **upd})
-      if self.tracer is not None and self.tracer.due(step + 1):
-        # After the metrics' fetch: the gather waits on nothing new.
-        params = state.policy_params()
-        self.tracer.record(step + 1, scored, batch, train_batch, params)
     t2 = time.perf_counter()
     t1 = min(prepared.wait(), t2)  # the watcher may wake late
+    if self.tracer is not None and self.tracer.due(step + 1):
+      # After the metrics' fetch: the gather waits on nothing new.
+      with jax.set_mesh(self.mesh):
+        params = state.policy_params()
+        self.tracer.record(step + 1, scored, batch, train_batch, params)
+      device_metrics['time/trace'] = time.perf_counter() - t2
     tokens = int(np.asarray(rb.context_mask).sum())
     tokens += int(np.asarray(rb.prompt_mask).sum())
     host = reduction.gather_processes(
@@ -245,6 +247,7 @@ class RLStep:
     # its device time (dispatch to the last result on the host).
     out['time/train_device'] = t2 - t0
     out['time/train_host'] = time.perf_counter() - t_host - (t2 - t0)
+    out['time/train_host'] -= out.get('time/trace', 0.0)
     out['rollout/policy_version'] = float(scored.version)
     out['perf/train_tokens'] = train_tokens
     if packed is not None:  # real tokens / tokens the packed rows compute

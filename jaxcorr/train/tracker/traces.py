@@ -37,7 +37,7 @@ Cost: nothing on the other steps. On a trace step, after the update's
 metrics are on the host anyway, one gather of the sampled rows' arrays
 (`TrainBatch` fields the device already holds) and one forward pass of
 those rows with the updated policy (π_θ; compiled once, on the first trace
-step) are fetched in one `jax.device_get`.
+step) are fetched in one `jax.device_get`; logged as `time/trace`.
 
 Size cap: `train.trace_max_mb` over the whole folder; past it the oldest
 files are deleted (the newest steps are the ones a collapse is read from).

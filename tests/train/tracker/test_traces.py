@@ -98,6 +98,10 @@ def test_trainer_writes_traces_on_trace_steps_only(tmp_path):
   trainer = Trainer.from_config(config, str(tmp_path), config_name='test')
   trainer.train()
   assert traces.trace_steps(str(tmp_path)) == [2]
+  # Its time is its own, out of the update's.
+  text = (tmp_path / 'metrics.jsonl').read_text()
+  logged = [json.loads(line) for line in text.splitlines()]
+  assert ['time/trace' in r for r in logged] == [False, True]
   rows = traces.read_trace(str(tmp_path), 2)
   assert len(rows) == 3
   tok = trainer.tokenizer
