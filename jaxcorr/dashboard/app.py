@@ -12,7 +12,9 @@ JSON (`run`: the index of a workdir on the command line):
     /api/series?keys=a,b/*            {run: {key: [steps, values]}}
     /api/latest?keys=staleness/*      each run's last value of the keys
     /api/traces?run=0                 the steps with a trace file
-    /api/trace?run=0&step=N           the rows' summaries (no tokens)
+    /api/trace?run=0&step=N           the rows' summaries (no tokens) and
+                                      the step's weight quantiles and
+                                      staleness histogram
     /api/trace_row?run=0&step=N&row=R one row, every token column
     /api/samples?run=0&step=N&q=text  eval-sample search (first 200 hits)
     /api/lab                          the lab's results folders
@@ -182,7 +184,13 @@ class Dashboard:
     return run.trace_rows(step)
 
   async def api_trace(self, request: Request) -> JSONResponse:
-    return _json({'rows': [data.row_summary(r) for r in self._trace(request)]})
+    rows = self._trace(request)
+    return _json(
+      {
+        'rows': [data.row_summary(r) for r in rows],
+        'summary': data.step_summary(rows),
+      }
+    )
 
   async def api_trace_row(self, request: Request) -> JSONResponse:
     row = _int(request, 'row')

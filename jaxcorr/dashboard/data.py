@@ -256,3 +256,43 @@ def search_samples(
     )
   ]
   return len(hits), hits[:limit]
+
+
+def _quantiles(xs: list[float]) -> dict[str, float] | None:
+  """p5, p50, p95 of `xs` (nearest rank), None when empty."""
+  if not xs:
+    return None
+  xs = sorted(xs)
+  pick = lambda q: xs[min(int(q * len(xs)), len(xs) - 1)]  # noqa: E731
+  return {'p5': pick(0.05), 'p50': pick(0.5), 'p95': pick(0.95)}
+
+
+def step_summary(rows: list[dict]) -> dict[str, Any]:
+  """Over a trace step's trained tokens (reason ''): the quantiles of the
+  correction weight and of log π_old − log μ, and the staleness histogram
+  of the policy's tokens {staleness: tokens}; the metrics log no weight
+  quantiles, the traces hold every traced weight."""
+  weights, gaps, stale = [], [], {}
+  for r in rows:
+    cols = zip(
+      r.get('reason') or [],
+      r.get('weight') or [None] * len(r.get('reason') or []),
+      r.get('pi_old') or [],
+      r.get('mu') or [],
+      r.get('staleness') or [],
+      strict=False,
+    )
+    for why, w, p, m, st in cols:
+      if st is not None:
+        stale[st] = stale.get(st, 0) + 1
+      if why:
+        continue
+      if w is not None:
+        weights.append(w)
+      if p is not None and m is not None:
+        gaps.append(p - m)
+  return {
+    'weight': _quantiles(weights),
+    'log_ratio': _quantiles(gaps),
+    'staleness': {str(k): v for k, v in sorted(stale.items())},
+  }

@@ -59,7 +59,14 @@ def test_api_of_missing_and_good_runs(tmp_path):
   series = client.get('/api/series?keys=reward/*').json()['runs']
   assert series[0]['reward/mean'][0] == list(range(1, 13))
   assert series[1] == {}
-  rows = client.get('/api/trace?run=0&step=12').json()['rows']
+  trace = client.get('/api/trace?run=0&step=12').json()
+  rows = trace['rows']
+  # 4 rows x 10 policy tokens, log π_old − log μ = 0.01·t, weights 1 but
+  # one 2, staleness 0.
+  summary = trace['summary']
+  assert summary['staleness'] == {'0': 40}
+  assert abs(summary['log_ratio']['p50'] - 0.05) < 1e-9
+  assert summary['weight'] == {'p5': 1.0, 'p50': 1.0, 'p95': 1.0}
   assert [r['row'] for r in rows] == [0, 1, 2, 3]
   assert abs(rows[0]['mismatch_max'] - 0.09) < 1e-9  # t = 9: 0.01·t
   assert client.get('/api/traces?run=1').json() == {

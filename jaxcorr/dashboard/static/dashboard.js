@@ -175,9 +175,10 @@ async function trajectory() {
   const sortSel = el('select', {id: 'sort'},
     ...['mismatch_max', 'mismatch_mean', 'rejected', 'reward', 'row'].map(s => el('option', {value: s}, 'sort: ' + s)));
   const rows = el('table', {id: 'rows', class: 'list'});
+  const stats = el('div', {id: 'step-stats'});
   const tokens = el('div', {id: 'tokens'});
   app.append(el('div', {class: 'controls'}, runSel, stepSel, modeSel, sortSel),
-    el('div', {class: 'split'}, el('div', {class: 'left'}, rows), tokens));
+    el('div', {class: 'split'}, el('div', {class: 'left'}, stats, rows), tokens));
   let summaries = [], current = null;
 
   async function loadSteps() {
@@ -194,9 +195,20 @@ async function trajectory() {
     await loadRows();
   }
   async function loadRows() {
-    summaries = (await api(`/api/trace?run=${runSel.value}&step=${stepSel.value}`)).rows;
+    const res = await api(`/api/trace?run=${runSel.value}&step=${stepSel.value}`);
+    summaries = res.rows;
+    drawStats(res.summary);
     drawRows();
     if (summaries.length) await loadRow(summaries[0].row);
+  }
+  function drawStats(s) {
+    // The traced tokens of the step: weight and log-ratio quantiles, and
+    // the staleness histogram.
+    stats.innerHTML = '';
+    const q = (name, v) => v ? `${name} p5 ${fmt(v.p5)} · p50 ${fmt(v.p50)} · p95 ${fmt(v.p95)}` : `${name}: –`;
+    stats.append(el('p', {class: 'meta'}, q('weight', s.weight)), el('p', {class: 'meta'}, q('log π_old/μ', s.log_ratio)));
+    const ks = Object.keys(s.staleness);
+    if (ks.length) bars(stats, 'Staleness of the traced tokens', ks.map(k => 'staleness ' + k), ks.map(k => s.staleness[k]), 'step ' + stepSel.value);
   }
   function drawRows() {
     const key = sortSel.value;
