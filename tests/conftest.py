@@ -41,6 +41,8 @@ _FRAMEWORKS = (
   'frontier/verl_pr',
   # Numpy re-enactments of reference code (tests/conformance/*/reference.py).
   'dynamic_sampling',
+  'overlong',
+  'vcpo',
 )
 
 
