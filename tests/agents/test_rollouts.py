@@ -9,7 +9,9 @@
   `agent.max_env_error_fraction` of a batch stops the run with one line
   naming the environment and its first failure;
 * an environment gets the tokenizer (observations as ids without a
-  closure) and a trajectory records its turn boundaries.
+  closure) and a trajectory records its turn boundaries;
+* `reset` may return prompt ids (used as they are), and an environment
+  with `finish` is told its trajectory once it is over.
 """
 
 import math
@@ -39,6 +41,8 @@ from tests.helpers.chat_tokenizer import CHATML
 SP = SamplingParams(temperature=1.0)
 NAME = 'test_scripted'
 OBSERVATION = '= 42'
+PROMPT_IDS = 'no template here'
+FINISHED = []  # (environment, trajectory) as `finish` was told them
 
 
 class Scripted:
@@ -54,7 +58,12 @@ class Scripted:
     self.mode, self.turn = row.prompt, 0
     if self.mode == 'reset':
       raise KeyError('no such row')
+    if self.mode == 'prompt_ids':  # the prompt as ids, used as they are
+      return self.session.tokenizer.encode(PROMPT_IDS, bos=True)
     return [{'role': 'user', 'content': row.prompt}]
+
+  def finish(self, trajectory):
+    FINISHED.append((self, trajectory))
 
   def step(self, action):
     self.turn += 1
@@ -193,3 +202,15 @@ def test_failed_demonstrations_are_empty_rows_within_the_bound(make):
   with pytest.raises(EnvironmentFailing, match=r'2 of 3 demonstrations .* '
                      r'first: demonstration: RuntimeError: sandbox down'):  # fmt: skip
     make().demonstrations(examples)
+
+
+def test_reset_may_return_prompt_ids_and_finish_gets_the_trajectory(
+  make, setup
+):
+  tok = setup[0]
+  FINISHED.clear()
+  (ids, chat), _ = _play(make(), ['prompt_ids', 'ok'])
+  assert ids.prompt == tok.encode(PROMPT_IDS, bos=True)
+  assert chat.prompt != ids.prompt and not ids.error
+  assert sorted(t.row for _, t in FINISHED) == [0, 1]
+  assert {id(t) for _, t in FINISHED} == {id(ids), id(chat)}
