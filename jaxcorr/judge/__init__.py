@@ -4,10 +4,17 @@
 * `verdict`: the default rubric, `parse_verdict` ('Score: N' or yes/no by
   a configurable regex) and `UnparsedVerdict`;
 * `judge`: `JudgeConfig`, `Judge` (batched grading on jaxcorr's engine,
-  callable as a reward) and `register_judge`.
+  callable as a reward), `register_judge` and `bind_policy_judges` (the
+  trainer hands its rollout engine to judges with model='policy').
 """
 
-from jaxcorr.judge.judge import POLICY, Judge, JudgeConfig, register_judge
+from jaxcorr.judge.judge import (
+  POLICY,
+  Judge,
+  JudgeConfig,
+  bind_policy_judges,
+  register_judge,
+)
 from jaxcorr.judge.verdict import (
   DEFAULT_RUBRIC,
   DEFAULT_VERDICT,
@@ -23,6 +30,7 @@ __all__ = [
   'Judge',
   'JudgeConfig',
   'UnparsedVerdict',
+  'bind_policy_judges',
   'compile_verdict',
   'parse_verdict',
   'register_judge',

@@ -5,7 +5,8 @@ The judge is a model served by jaxcorr's own engine
 `jaxcorr.rollout.driver.generate`, greedy): `JudgeConfig.model` is a local
 Hugging Face checkpoint directory the project loads (its own engine,
 built on the first call), or 'policy': the engine the trainer rolls out
-with, handed over with `Judge.bind(engine, tokenizer)`. That engine grades
+with, handed over with `Judge.bind(engine, tokenizer)` (the trainer does it:
+`bind_policy_judges`, with `rollout.mode='sync'`). That engine grades
 with the weights it holds at the call: the policy version of the last
 weight sync, the same weights that sampled the step's replies (in the
 async modes a version or more behind the trainer). Its engine must then
@@ -233,6 +234,27 @@ class Judge:
         values = [e] * len(batch)
       for (_, _, future), value in zip(batch, values):
         future.set_result(value)
+
+
+def bind_policy_judges(
+  names: Sequence[str], engine, tokenizer, rollout: Any
+) -> None:
+  """Binds every judge among the rewards `names` whose model is 'policy'
+  to the trainer's rollout `engine` (the trainer calls this once built);
+  ValueError unless `rollout.mode` (the run's rollout section) is 'sync',
+  where that engine is idle while rewards are scored."""
+  rollout_mode = rollout.mode
+  for name in names:
+    judge = REWARDS.get(name)
+    if not isinstance(judge, Judge) or judge.config.model != POLICY:
+      continue
+    if rollout_mode != 'sync':
+      raise ValueError(
+        f"config.reward.functions: judge {name!r} has model='policy', which "
+        'grades on the rollout engine; allowed with '
+        f"config.rollout.mode='sync' only (got {rollout_mode!r})"
+      )
+    judge.bind(engine, tokenizer)
 
 
 def register_judge(name: str, config: JudgeConfig) -> Judge:

@@ -40,6 +40,7 @@ from flax import nnx
 
 from jaxcorr import rewards as reward_fns
 from jaxcorr.data import text
+from jaxcorr.judge import bind_policy_judges
 from jaxcorr.rewards import RewardScorer
 from jaxcorr.train import (
   build,
@@ -159,6 +160,7 @@ class Trainer:
     self.scorer = scorer = RewardScorer.from_config(run.reward)
     scorer.start()
     self.engine = self._engine(self.rollout_mesh)
+    bind_policy_judges(scorer.names, self.engine, self.tokenizer, run.rollout)
     self.stage = RolloutStage(run, self.engine, self.tokenizer, scorer)
     # Async and stream modes: the producer owns its engine, so evaluation
     # (trainer thread, current weights) gets its own on the trainer's

@@ -5,6 +5,7 @@ accounting through the scorer)."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,6 +15,7 @@ from jaxcorr.judge import (
   Judge,
   JudgeConfig,
   UnparsedVerdict,
+  bind_policy_judges,
   compile_verdict,
   parse_verdict,
   register_judge,
@@ -129,3 +131,41 @@ def test_a_judge_registered_again_replaces_its_own():
   with pytest.raises(ValueError, match='registered already'):
     register_judge('exact_match', JudgeConfig())
   assert isinstance(first, Judge)
+
+
+def test_the_policy_judges_the_trainer_s_rollouts(tmp_path):
+  """A judge with model='policy' in a 2-step run grades on the rollout
+  engine (bound by the trainer); its unparsed verdicts are counted."""
+  from tests.config.test_tiny_configs import _load, _two_rl_steps
+
+  config = _load('arith_tiny')
+  with config.unlocked():
+    config.reward.functions = 'exact_match,policy_judge:0.1'
+  # The character vocabulary: a rubric of digits and '=?' only.
+  judge = register_judge(
+    'policy_judge',
+    JudgeConfig(rubric='{answer}?{response}=', verdict=r'(\d)', max_score=9),
+  )
+  try:
+    rows = _two_rl_steps(config, tmp_path, rollout__max_new_tokens=8)
+  finally:
+    del REWARDS['policy_judge']
+  assert judge._engine is not None and judge.batch_sizes
+  for r in rows:
+    assert 0 <= r['reward/policy_judge/mean'] <= 1
+    assert r['reward/timeouts'] == 0
+
+
+def test_a_policy_judge_needs_sync_rollouts():
+  judge = register_judge('async_judge', JudgeConfig())
+  try:
+    with pytest.raises(ValueError, match=r"rollout\.mode='sync' only"):
+      bind_policy_judges(
+        ['exact_match', 'async_judge'],
+        None,
+        None,
+        SimpleNamespace(mode='async'),
+      )
+  finally:
+    del REWARDS['async_judge']
+  assert judge._engine is None
