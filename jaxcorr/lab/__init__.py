@@ -9,7 +9,8 @@ into an otherwise exact engine and training every preset against it.
 (`--help` lists the mismatches and the flags).
 
 Mismatches (`MISMATCHES`, combinable with `+`, e.g. `bf16+stale4`): `none`
-(the control), `bf16` and `int8` engine weights, `stale<k>` (asynchronous
+(the control), `exact` (no gap at all: `rollout.exact`), `bf16` and `int8`
+engine weights, `stale<k>` (asynchronous
 rollouts k policy versions behind), `inflight<k>` (streaming rollouts with
 weights swapped in mid-sequence, no token older than k versions) and
 `severe` (bf16 + int8 + stale8); see `mismatch_overrides`. Presets are the names of `configs/presets.py` plus
@@ -33,6 +34,9 @@ Modules (everything public is re-exported here, `from jaxcorr import lab`):
   summary   `summarise` and `curves` of a run, `aggregate` over seeds
   results   the markdown tables, results.json / results.md on disk
   plots     the matplotlib figures and `save_plots`
+  exact     the exact-mode cell (`python -m jaxcorr.lab.exact`): what
+            correction is left when μ equals π_old bit for bit (not
+            re-exported: `from jaxcorr.lab import exact`)
   __main__  the command line
 """
 
@@ -75,6 +79,7 @@ from jaxcorr.lab.runs import (
   WALL_FILE,
   default_plan,
   enable_compile_cache,
+  run_directory,
   run_experiment,
   run_grid,
   sft_checkpoint,
@@ -122,6 +127,7 @@ __all__ = [
   'plot_metric',
   'plot_rejected',
   'plot_rewards',
+  'run_directory',
   'run_experiment',
   'run_grid',
   'save_plots',

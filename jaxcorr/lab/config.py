@@ -28,6 +28,9 @@ DEFAULT_STALENESS = 4
 MISMATCHES: dict[str, dict[str, Any]] = {
   'none': {},
   'bf16': {'rollout.engine_dtype': 'bfloat16'},
+  # No mismatch at all: the engine's μ equals π_old bit for bit
+  # (docs/rollout.md "Exact mode"); `exact+stale<k>` leaves staleness only.
+  'exact': {'rollout.exact': True},
   'int8': {'rollout.simulated_quant': 'int8'},
   'stale': {
     'rollout.mode': 'async',

@@ -210,10 +210,7 @@ def run_grid(
       todo.setdefault(key, grid)
   records = []
   for i, ((preset, mismatch, seed), grid) in enumerate(todo.items(), 1):
-    tag = grid.tag()
-    run_dir = os.path.join(
-      workdir, tag, f'seed{seed}', mismatch, preset.replace('+', '_')
-    )
+    run_dir = run_directory(workdir, grid, preset, mismatch, seed)
     wall_file = os.path.join(run_dir, WALL_FILE)
     config = make_config(
       preset, mismatch, seed=seed, small=grid.small, **grid.overrides
@@ -254,6 +251,15 @@ def run_grid(
         f'{", read back" if reused else ""})'
       )
   return records
+
+
+def run_directory(
+  workdir: str, grid: Grid, preset: str, mismatch: str, seed: int
+) -> str:
+  """Where `run_grid` trains one run of `grid` under `workdir`."""
+  return os.path.join(
+    workdir, grid.tag(), f'seed{seed}', mismatch, preset.replace('+', '_')
+  )
 
 
 def _wall_time(path: str, measured: float, reused: bool) -> float | None:
