@@ -51,21 +51,16 @@ def smollm2_available() -> bool:
 
 def docs_plan() -> list[tuple[Setting, str, Any]]:
   """(setting, model label, ConfigDict) of `--all` (module docstring),
-  the tiny models' rows first; exact mode's row when the config has
-  `rollout.exact`."""
+  the tiny models' rows first."""
   smol = smollm2_available()
   plan = []
-  for s in (*settings_lib.SETTINGS, settings_lib.EXACT):
+  for s in settings_lib.SETTINGS:
     if s.smollm2 and smol:
       name, extra, label = SMOLLM2, DOCS_SMOLLM2, 'SmolLM2-135M'
     else:
       name, extra = s.config or TINY, DOCS_TINY
       label = f'tiny ({name})'
     base = _with(settings_lib.load_config(name), extra)
-    if s is settings_lib.EXACT and not settings_lib.has_field(
-      base, 'rollout.exact'
-    ):
-      continue
     plan.append((s, label, settings_lib.apply(s, base)))
   # Grouped by model, the tiny ones first (a failing special config shows
   # in minutes, not after the SmolLM2 rows).
@@ -180,7 +175,7 @@ def _define_flags() -> None:
     'settings',
     ['fp32'],
     'Settings to compare, from: '
-    + ', '.join(s.name for s in (*settings_lib.SETTINGS, settings_lib.EXACT)),
+    + ', '.join(s.name for s in settings_lib.SETTINGS),
   )
   flags.DEFINE_bool(
     'all', False, 'The docs plan: every setting, SmolLM2 where it applies.'

@@ -86,15 +86,13 @@ SETTINGS: tuple[Setting, ...] = (
     config='arith_tool',
     smollm2=False,
   ),
+  Setting(
+    'exact',
+    'exact mode (rollout.exact), engine and trainer bfloat16',
+    (*_dtypes(BF16, BF16), ('rollout.exact', True)),
+  ),
 )
-"""Every setting, in table order. Exact mode joins with one entry when
-`rollout.exact` exists (`EXACT`)."""
-
-EXACT = Setting(
-  'exact',
-  'exact mode (rollout.exact), engine and trainer bfloat16',
-  (*_dtypes(BF16, BF16), ('rollout.exact', True)),
-)
+"""Every setting, in table order."""
 
 TINY = 'arith_tiny'
 SMOLLM2 = 'smollm2_arith'
@@ -102,7 +100,7 @@ SMOLLM2 = 'smollm2_arith'
 
 def by_name(names: list[str] | tuple[str, ...]) -> list[Setting]:
   """The settings `names`; ValueError naming the allowed ones."""
-  known = {s.name: s for s in (*SETTINGS, EXACT)}
+  known = {s.name: s for s in SETTINGS}
   bad = [n for n in names if n not in known]
   if bad:
     raise ValueError(
@@ -121,7 +119,7 @@ def apply(
   setting: Setting, config: ml_collections.ConfigDict
 ) -> ml_collections.ConfigDict:
   """A copy of `config` with the setting's overrides; ValueError when a
-  field does not exist (`rollout.exact` before exact mode landed)."""
+  field does not exist."""
   config = config.copy_and_resolve_references()
   for path, value in setting.overrides:
     *parents, leaf = path.split('.')
@@ -135,12 +133,3 @@ def apply(
     with node.unlocked():
       node[leaf] = value
   return config
-
-
-def has_field(config: ml_collections.ConfigDict, path: str) -> bool:
-  node = config
-  for p in path.split('.'):
-    if p not in node:
-      return False
-    node = node[p]
-  return True
