@@ -28,7 +28,8 @@ import subprocess
 import sys
 import time
 
-from jaxcorr.sandbox import code_reward, run_python
+from jaxcorr.rewards import code_tests
+from jaxcorr.sandbox import run_python
 
 PROGRAM = 'print(sum(i * i for i in range(1000)))'
 REPLY = '```python\ndef f(x):\n  return x * 3\n```'
@@ -48,7 +49,7 @@ def _sandbox() -> None:
 
 
 def _reward() -> None:
-  assert code_reward.code_tests(REPLY, TESTS).reason == 'passed'
+  assert code_tests(REPLY, TESTS).reason == 'passed'
 
 
 def _measure(fn, runs: int, workers: int) -> tuple[float, float]:

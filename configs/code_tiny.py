@@ -25,7 +25,7 @@ from jaxcorr.data.text import ByteTokenizer
 def apply_sandbox_reward(config: ml_collections.ConfigDict) -> None:
   """The reward and its time limit: `code_tests` runs 3 s at most in its
   sandbox, plus about 0.1 s of start-up, under the scorer's per-call
-  limit (jaxcorr/sandbox/code_reward.py)."""
+  limit (jaxcorr/rewards/code.py)."""
   config.data.source = 'code'
   config.reward.functions = 'code_tests'
   config.reward.timeout_s = 10.0

@@ -16,14 +16,14 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / 'jaxcorr'
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-  ('jaxcorr.config', 'jaxcorr.console'),
+  ('jaxcorr.config', 'jaxcorr.console', 'jaxcorr.sandbox'),
   ('jaxcorr.losses',),
   ('jaxcorr.sharding', 'jaxcorr.distributed'),
   ('jaxcorr.model',),
   ('jaxcorr.sampling',),
   ('jaxcorr.rollout',),
   ('jaxcorr.data', 'jaxcorr.rewards'),
-  ('jaxcorr.agents',),
+  ('jaxcorr.agents', 'jaxcorr.judge'),
   ('jaxcorr.train',),
   (
     'jaxcorr.lab',

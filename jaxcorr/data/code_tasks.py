@@ -1,6 +1,6 @@
 """A generated code task (`config.data.source='code'`): 'write a function
 f(x) that returns ...' with hidden tests, scored by `code_tests`
-(jaxcorr/sandbox/code_reward.py) in the sandbox.
+(jaxcorr/rewards/code.py) in the sandbox.
 
 Example i of seed s is a pure function of (s, i), like the arithmetic
 task's (`np.random.default_rng([s, i])`): a kind of function, a constant

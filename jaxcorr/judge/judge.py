@@ -41,7 +41,7 @@ from jaxcorr.judge.verdict import (
   compile_verdict,
   parse_verdict,
 )
-from jaxcorr.rewards.registry import REWARDS, register
+from jaxcorr.rewards import REWARDS, register
 
 POLICY = 'policy'
 
@@ -97,7 +97,7 @@ class JudgeConfig:
 def _own_engine(config: JudgeConfig) -> tuple[Any, Any]:
   """(engine, tokenizer) of the checkpoint `config.model`."""
   from jaxcorr.data.text import make_tokenizer
-  from jaxcorr.model.hf_io import load_hf
+  from jaxcorr.model import load_hf
   from jaxcorr.rollout.engine import PolicyEngine
 
   module = load_hf(config.model)

@@ -14,6 +14,8 @@ the config file imports.
   (`config.reward.isolation='process'`);
 * `verifiers`: `math_verify` and `reasoning_gym`, rewards that call
   third-party verifiers (optional extras), and `check_installed`;
+* `code`: `code_tests`, model-written code against hidden tests in the
+  sandbox (`jaxcorr.sandbox`), and `make_code_reward`;
 * `scorer`: `RewardScorer` (isolation, timeouts, per-step budget, float32
   checks, failure metrics, a stop for a function that always fails),
   `check_spec` (the start-up check of a spec) and
@@ -26,6 +28,7 @@ from jaxcorr.rewards.answers import (
   last_boxed,
   to_number,
 )
+from jaxcorr.rewards.code import code_tests, make_code_reward
 from jaxcorr.rewards.config import RewardConfig
 from jaxcorr.rewards.registry import (
   REWARDS,
@@ -62,10 +65,12 @@ __all__ = [
   'check_installed',
   'check_rewards',
   'check_spec',
+  'code_tests',
   'exact_match',
   'extract_answer',
   'format_reward',
   'last_boxed',
+  'make_code_reward',
   'math_answer',
   'math_verify_reward',
   'parse_spec',
@@ -73,7 +78,3 @@ __all__ = [
   'register',
   'to_number',
 ]
-
-# Registers 'code_tests' (the sandboxed reward) with the built-in rewards;
-# last, because jaxcorr.sandbox imports this package's registry.
-import jaxcorr.sandbox  # noqa: F401

@@ -3,29 +3,14 @@
 
 * `contain`: the launcher script (namespaces, new root, rlimits; run as a
   fresh `python -I -S`, never imported);
-* `runner`: `run_python`, `Limits`, `Result`, `check_available`;
-* `code_reward`: the `code_tests` reward (hidden tests, a per-run nonce)
-  and `make_reward`;
-* `tasks`: the generated code task (`config.data.source='code'`).
+* `runner`: `run_python`, `Limits`, `Result`, the run statuses and
+  `check_available`.
 
-The agents' tool over the same runner is `jaxcorr.agents.code_tool`.
+The reward over it is `code_tests` (jaxcorr/rewards/code.py), the agents'
+tool `jaxcorr.agents.code_tool`, the task `data.source='code'`
+(jaxcorr/data/code_tasks.py).
 """
 
-from jaxcorr.sandbox.code_reward import (
-  code_tests,
-  extract_code,
-  make_reward,
-  run_tests,
-)
 from jaxcorr.sandbox.runner import Limits, Result, check_available, run_python
 
-__all__ = [
-  'Limits',
-  'Result',
-  'check_available',
-  'code_tests',
-  'extract_code',
-  'make_reward',
-  'run_python',
-  'run_tests',
-]
+__all__ = ['Limits', 'Result', 'check_available', 'run_python']

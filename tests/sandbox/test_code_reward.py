@@ -12,7 +12,8 @@ import pytest
 from jaxcorr.agents.code_tool import code_tool
 from jaxcorr.data.prompts import make_eval_source, make_source
 from jaxcorr.rewards import REWARDS, Outcome, RewardScorer
-from jaxcorr.sandbox import code_reward, runner
+from jaxcorr.rewards import code as code_reward
+from jaxcorr.sandbox import runner
 
 TESTS = json.dumps({'tests': ['f(2) == 4', 'f(-3) == -6']})
 
@@ -24,7 +25,7 @@ def _block(code: str) -> str:
 def test_hostile_replies_score_zero_with_their_reason(monkeypatch):
   # A 1 s sandbox (the registered reward's is 3 s) keeps the test fast.
   fast = runner.Limits(timeout_s=1.0, cpu_s=1)
-  monkeypatch.setitem(REWARDS, 'code_tests', code_reward.make_reward(fast))
+  monkeypatch.setitem(REWARDS, 'code_tests', code_reward.make_code_reward(fast))
   replies = {
     'passed': _block('def f(x):\n  return 2 * x'),
     'failed_tests': _block('def f(x):\n  return 4'),

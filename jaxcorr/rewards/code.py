@@ -1,5 +1,5 @@
 """`code_tests`: the reward of model-written Python against hidden tests,
-run in the sandbox (`jaxcorr.sandbox.runner`).
+run in the sandbox (`jaxcorr.sandbox`).
 
 A row's reference answer is JSON, `{"tests": ["f(2) == 4", ...]}`: Python
 expressions over the names the solution defines. The reply's code is its
@@ -22,7 +22,7 @@ Time: the run's wall clock is `Limits.timeout_s` (3 s here) plus about
 0.1 s of start-up; keep `config.reward.timeout_s` above it, or the scorer
 abandons the call first (`isolation='thread'`: the sandbox is still killed
 at its own deadline; `'process'`: the worker and, with it, the sandbox).
-`make_reward` builds the same reward with other limits, for a config file
+`make_code_reward` builds the same reward with other limits, for a config file
 to register under its own name.
 """
 
@@ -113,7 +113,7 @@ def run_tests(
   return Outcome(passed / total, 'failed_tests'), result
 
 
-def make_reward(
+def make_code_reward(
   limits: runner.Limits = CODE_LIMITS,
 ) -> Callable[[str, str], Outcome]:
   """The `code_tests` reward with other limits (module doc)."""
@@ -128,4 +128,4 @@ def make_reward(
   return code_tests
 
 
-code_tests = register('code_tests')(make_reward())
+code_tests = register('code_tests')(make_code_reward())
