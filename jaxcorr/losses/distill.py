@@ -179,7 +179,10 @@ def topk_kl(
   m3 = mask[..., None]
   q = masked.sanitize(student_topk_logp, m3, dtype)
   p = masked.sanitize(jax.lax.stop_gradient(teacher_topk_logp), m3, dtype)
-  q_hat, p_hat = jnp.maximum(q, _TOPK_LOG_FLOOR), jnp.maximum(p, _TOPK_LOG_FLOOR)
+  q_hat, p_hat = (
+    jnp.maximum(q, _TOPK_LOG_FLOOR),
+    jnp.maximum(p, _TOPK_LOG_FLOOR),
+  )
   if direction == 'forward':
     per = jnp.sum(jnp.exp(p_hat) * (p_hat - q_hat), axis=-1)
   else:

@@ -61,9 +61,7 @@ def _loss_fn(case):
   def estimator(s):
     s_lp = jnp.take_along_axis(jax.nn.log_softmax(s, -1), ids, -1)[..., 0]
     t_lp = jnp.take_along_axis(t_full, ids, -1)[..., 0]
-    return distill.reverse_kl_loss(
-      s_lp, t_lp, mask, estimator=kw['loss_mode']
-    )
+    return distill.reverse_kl_loss(s_lp, t_lp, mask, estimator=kw['loss_mode'])
 
   return estimator
 
