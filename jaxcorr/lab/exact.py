@@ -7,7 +7,8 @@ when the engine's μ equals the trainer's π_old bit for bit
 
 runs `plan()` (small runs, `SMALL` sizes with one eval at the start and one
 at the end), then writes results.json, results.md and the PNGs as the lab's
-CLI does, and exact.md: for every (mismatch, seed), whether each preset's
+CLI does, and `TABLE` (docs/mismatch_lab/exact/exact.md): for every
+(mismatch, seed), whether each preset's
 final params equal the uncorrected (`off`) run's bit for bit (a SHA-256 of
 the params and max |θ − θ_off|), and the `rollout_corr/` gap over the
 steps whose rows were sampled by the trainer's own version (staleness 0)
@@ -51,6 +52,8 @@ STALE = ('exact+stale1', 'exact+stale2')
 CELL_SET: dict[str, Any] = {'train.eval_every': 25}
 """On top of `SMALL` (25 RL steps): eval at the first and last step only."""
 
+TABLE = 'exact.md'
+"""The cell's own table, beside results.md in --out."""
 FILE = 'exact_cell.json'
 """A run's params digest and gap, beside its metrics (read back)."""
 
@@ -200,7 +203,7 @@ def run_cell(out: str, workdir: str) -> list[dict[str, Any]]:
   records = run_grid(grids, workdir, keep_checkpoints=True)
   _measure(workdir, records, grids)
   write_results(records, out, plan=grids)
-  path = os.path.join(out, 'exact.md')
+  path = os.path.join(out, TABLE)
   with open(path + '.tmp', 'w') as f:
     f.write('# Exact-mode cell\n\n' + equality_table(records))
   os.replace(path + '.tmp', path)

@@ -18,10 +18,14 @@ from tests.helpers.trainer_config import pulse_config
 
 def test_cell_runs_build():
   """Every run of the cell passes the trainer's start-up validation, in
-  exact mode, at the staleness its mismatch names."""
+  exact mode, at the staleness its mismatch names (one seed of each: the
+  seed changes no rule)."""
   runs = [(g, key) for g in cell.plan() for key in g.runs()]
   assert len({key for _, key in runs}) == len(runs) == 30
+  assert {key[2] for _, key in runs} == set(cell.SEEDS)
   for grid, (preset, mismatch, seed) in runs:
+    if seed != cell.SEEDS[-1]:
+      continue
     config = lab.make_config(
       preset, mismatch, seed=seed, small=grid.small, **grid.overrides
     )
