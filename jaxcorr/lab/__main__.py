@@ -15,6 +15,9 @@ Mismatches (`MISMATCHES`, combinable with `+`, e.g. `bf16+stale4`):
 
 * `none`: the engine runs the trainer's fp32 weights (μ = π_old up to
   kernel rounding), the control;
+* `exact`: `rollout.exact`, μ = π_old bit for bit (no gap at all;
+  `exact+stale<k>` leaves staleness alone; `python -m jaxcorr.lab.exact`
+  runs the exact-mode cell, docs/mismatch_lab.md);
 * `bf16`: bf16 engine weights and compute, the usual production gap;
 * `int8`: per-row int8 fake-quantised engine weights, a larger but still
   systematic gap;
