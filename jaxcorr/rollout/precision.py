@@ -55,7 +55,7 @@ def block_refusal(config: Any, block: int) -> tuple[str, str] | None:
   tiles some matmul weight of a policy of `config` (a `TransformerConfig`)
   in no layout of n consecutive inputs; None when it tiles them all
   (`quantized_weights.block_refusal` on the abstract model: no arrays)."""
-  from jaxcorr.model.transformer import Transformer
+  from jaxcorr.model import Transformer
 
   model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
   return quantized_weights.block_refusal(model, block)

@@ -58,8 +58,9 @@ from jaxcorr.train.policy import build_policy
 from jaxcorr.train.rl_step import RLStep
 from jaxcorr.train.rollouts.source import RolloutSource, make_rollouts
 from jaxcorr.train.rollouts.stage import RolloutStage, Scored, make_engine
-from jaxcorr.train.rollouts.weights import copy_tree, engine_params, weight_sync
+from jaxcorr.train.rollouts.weights import engine_params, weight_sync
 from jaxcorr.train.run_config import RunConfig
+from jaxcorr.train.state import copy_tree
 from jaxcorr.train.tracker import metrics, reduction, sinks, traces
 from jaxcorr.train.tracker.profile import StepProfiler
 

@@ -26,9 +26,13 @@ from jaxcorr.data.prompts import PromptLoader
 from jaxcorr.data.tasks import Example
 from jaxcorr.model import token_logprobs
 from jaxcorr.train import batch as batch_lib
-from jaxcorr.train.rollouts.weights import copy_tree
 from jaxcorr.train.run_config import RunConfig
-from jaxcorr.train.state import apply_updates, init_optimizer, make_optimizer
+from jaxcorr.train.state import (
+  apply_updates,
+  copy_tree,
+  init_optimizer,
+  make_optimizer,
+)
 from jaxcorr.train.tracker import metrics
 
 # Steps between two SFT progress lines.
