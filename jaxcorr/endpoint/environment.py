@@ -95,7 +95,9 @@ class AgentCall:
   def client(self, **kwargs):
     """An `openai.OpenAI` client on this session (no retries: a retried
     call would be a second turn), over the process's one HTTP connection
-    pool (`http_client()`)."""
+    pool (`http_client()`). A reply may wait for the trainer (a compile,
+    an update while a stream holds its rollouts), so keep time-outs in
+    minutes (openai's default: 10)."""
     import openai
 
     kwargs.setdefault('max_retries', 0)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from jaxcorr.endpoint import shared_server
 from jaxcorr.train.loop import Trainer
 from tests.config.test_tiny_configs import _load
@@ -46,3 +48,30 @@ def test_an_openai_client_agent_trains_with_exact_mu(tmp_path):
       assert call.logp == tr.logp[start:end]
       assert call.context == len(tr.prompt) + start
       assert set(call.versions) == {1}  # the second step's policy
+
+
+@pytest.mark.slow  # ~70 s; CI: the sync run above, stream with agents
+def test_an_openai_client_agent_trains_in_stream_mode(tmp_path):
+  """`rollout.mode='stream'`: the agents' calls wait across the trainer's
+  updates (scheduled swaps), and their tokens carry the versions that
+  sampled them."""
+  config = _load('openai_agent_tiny')
+  with config.unlocked():
+    config.model.num_layers = 1
+    config.rollout.max_new_tokens = 40
+    config.rollout.mode = 'stream'
+    config.rollout.weight_sync = 'scheduled'
+    config.rollout.max_staleness = 2
+    config.rollout.queue_size = 2
+    config.rollout.decode_chunk = 4
+    config.train.num_steps = 3
+    config.train.eval_every = 0
+    config.train.checkpoint_every = 0
+  Trainer.from_config(config, str(tmp_path), config_name='test').train()
+  with open(tmp_path / 'metrics.jsonl') as f:
+    rows = [r for r in map(json.loads, f) if r['step'] > 0]
+  assert [r['step'] for r in rows] == [1, 2, 3]
+  assert all(r['agent/env_errors'] == 0 for r in rows)
+  assert all(r['agent/turns_mean'] > 1 for r in rows)
+  stale = [r['staleness/token_max'] for r in rows]
+  assert max(stale) > 0 and max(stale) <= 2

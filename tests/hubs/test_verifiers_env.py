@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from jaxcorr.endpoint import shared_server
 from tests.config.test_tiny_configs import _load, _two_rl_steps
 
 
+@pytest.mark.slow  # ~90 s; CI: the rubric test below, the endpoint's run
 def test_a_verifiers_environment_trains_on_the_tiny_model(tmp_path):
   config = _load('verifiers_tiny')
   with open(config.data.path) as f:
