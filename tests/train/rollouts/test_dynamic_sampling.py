@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 
+from configs import arith_tool
 from jaxcorr import rewards as reward_fns
 from jaxcorr.train import build
 from jaxcorr.train.loop import Trainer
@@ -148,3 +149,37 @@ def test_async_modes_backfill(tmp_path, mode):
   for r in rows:
     assert r['batch/valid_tokens'] > 0
     assert np.isfinite(r['actor/pg_loss'])
+
+
+# Slow (~100 s here, the agent programs' compile): the filter sees only a
+# group's metric values, whatever its rows hold; the sync test above
+# covers the trainer's path, tests/conformance/dynamic_sampling the rows.
+@pytest.mark.slow
+def test_multi_turn_rows_are_kept_by_whole_groups(tmp_path):
+  """configs/arith_tool.py:pulse (tool-using trajectories), sync: every
+  group of the batches trained varies in the metric, rows of a group
+  adjacent under one new id."""
+  c = arith_tool.get_config('pulse')
+  for key, value in DS.items():
+    section, field = key.split('__')
+    c[section][field] = value
+  trainer = Trainer.from_config(c, str(tmp_path), config_name='test')
+  trained = []
+  train_on = trainer.train_on
+
+  def recording(scored):
+    trained.append(scored)
+    return train_on(scored)
+
+  trainer.train_on = recording
+  trainer.train()
+  with open(tmp_path / 'metrics.jsonl') as f:
+    rows = [r for r in map(json.loads, f) if r['step'] > 0]
+  _assert_backfilled(trainer, rows)
+  metric = trainer.run.reward.functions.split(',').index(f'{HALF}:0.1')
+  for scored, r in zip(trained, rows):
+    groups = scored.scores[metric].reshape(4, 4)
+    varies = groups.max(1) > groups.min(1)
+    assert varies.sum() == 4 - r['dynamic_sampling/groups_filled_dropped']
+    ids = np.asarray(scored.batch.group_id)
+    assert ids.tolist() == np.repeat(np.arange(4), 4).tolist()
