@@ -35,6 +35,8 @@ from jaxcorr.config import convert, fields
 from jaxcorr.data import prompts, reasoning_gym, text
 from jaxcorr.data.config import DataConfig
 from jaxcorr.data.tasks import Example
+from jaxcorr.distill import teacher as distill_teacher
+from jaxcorr.distill.config import DistillConfig
 from jaxcorr.losses import objective_config, overlong, vcpo
 from jaxcorr.losses.advantages import AdvantageConfig
 from jaxcorr.losses.correction import CorrectionConfig
@@ -71,6 +73,7 @@ SECTIONS: dict[str, type] = {
   'lora': LoraConfig,
   'moe': MoEConfig,
   'dynamic_sampling': dynamic_sampling.DynamicSamplingConfig,
+  'distill': DistillConfig,
 }
 """The trainer sections that map one ConfigDict section to one dataclass
 (`correction`, `actor` and `algorithm` are assembled below)."""
@@ -403,6 +406,8 @@ def check_components(run: RunConfig) -> None:
     reasoning_gym.check(run.data, names, run.train.sft_steps)
   sinks.check_installed(run.train.loggers)
   eval_sets.check(run)
+  if run.distill.enabled:  # the teacher's path, tokenizer, vocabulary
+    distill_teacher.check_for_run(run)
   if run.agent.enabled:
     spec = environment_spec(run.agent.environment, run.agent)
     if run.train.sft_steps and spec.expert is None:

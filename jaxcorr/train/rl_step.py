@@ -88,6 +88,7 @@ class RLStep:
     local_shards = max(batch_shards // jax.process_count(), 1)
     self.row_multiple = t.mini_batches * t.micro_batches * local_shards
     self.batch_shards = batch_shards
+    self.teacher_params = None  # config.distill's teacher (loop.py sets it)
     r = run.rollout
     self.empty = staleness.EmptyBatches(
       limit=r.max_empty_batches,
@@ -212,6 +213,7 @@ class RLStep:
         device_batch,
         packed,
         light=light,
+        teacher_params=self.teacher_params,
       )
       # When prepare's outputs are ready, seen from a watcher thread: the
       # update is dispatched at once behind it, so timing never serialises

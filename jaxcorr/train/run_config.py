@@ -36,6 +36,7 @@ from jaxcorr.config.fields import (
   validate,
 )
 from jaxcorr.data.config import DataConfig
+from jaxcorr.distill.config import DistillConfig
 from jaxcorr.losses import kl as kl_lib
 from jaxcorr.losses.advantages import AdvantageConfig
 from jaxcorr.losses.objective_config import LossConfigs
@@ -206,6 +207,7 @@ class RunConfig:
   dynamic_sampling: DynamicSamplingConfig = dataclasses.field(
     default_factory=DynamicSamplingConfig
   )
+  distill: DistillConfig = dataclasses.field(default_factory=DistillConfig)
 
   @property
   def needs_ref(self) -> bool:

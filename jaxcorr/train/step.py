@@ -94,6 +94,7 @@ class Steps:
     self.critic_graphdef = critic_graphdef
     self.critic_tx = critic_tx
     self.state_shardings = state_shardings
+    self.teacher_graphdef = None  # config.distill's teacher (loop.py sets it)
     # Times each function was traced (a Python side effect runs only while
     # tracing): a step that retraces recompiles, which tests rule out.
     self.traces = {'prepare': 0, 'update': 0}
@@ -131,8 +132,12 @@ class Steps:
     batch: TrainBatch,
     packed: PackedRows | None = None,
     light: bool = False,
+    teacher_params: Any = None,
   ):
     self.traces['prepare'] += 1
+    teacher = None  # config.distill: (its graph, its params)
+    if teacher_params is not None:
+      teacher = (self.teacher_graphdef, teacher_params)
     kl_ctrl, batch, metrics = prepare(
       self.run,
       self.graphdef,
@@ -143,6 +148,7 @@ class Steps:
       ref_params,
       batch,
       packed,
+      teacher,
     )
     return kl_ctrl, batch, diagnostics.light(metrics) if light else metrics
 

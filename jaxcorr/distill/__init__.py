@@ -1,0 +1,7 @@
+"""On-policy distillation: the teacher (config, start-up checks, loading)
+and its log-probs in `prepare` (docs/distillation.md). The losses are pure
+functions in jaxcorr/losses/distill.py."""
+
+from jaxcorr.distill.config import DistillConfig
+
+__all__ = ['DistillConfig']

@@ -1,0 +1,96 @@
+"""The teacher's log-probs of the student's sampled tokens, and the
+distillation advantage `prepare` trains on.
+
+    trainer-side   `scoring.response_logp` with the teacher's graph and
+                   params ('full' log-probs whatever rollout.logprob_mode),
+                   no gradient, in distill.teacher_dtype
+    engine         `scoring.exact_logp`: the teacher as the engine holds it
+                   (rollout.engine_dtype) scoring the sampled ids, prefill
+                   only; the trainer-side pass runs too and `teacher_corr/`
+                   reports the gap (`losses.distill.teacher_gap_metrics`)
+
+Correction of the teacher's own gap: with both passes the trainer-side
+log-probs are the teacher's distribution, so `correct_teacher=True` trains
+on them (the gap is measured, then removed). A TIS-style truncation of
+exp(t_trainer − t_engine) was considered and not taken: it would need the
+trainer-side pass anyway, and with it in hand there is nothing left to
+estimate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxcorr.losses import distill as distill_loss
+from jaxcorr.model.lora import LoraConfig
+from jaxcorr.train import scoring
+from jaxcorr.train.batch import TrainBatch
+
+
+def _teacher_run(run: Any) -> Any:
+  """`run` as the teacher reads it: every token's full log-prob (no kept
+  sets: those are the student's sampling support) and no LoRA."""
+  rollout = dataclasses.replace(run.rollout, logprob_mode='full')
+  return dataclasses.replace(run, rollout=rollout, lora=LoraConfig())
+
+
+def teacher_logp(
+  run: Any, graphdef: Any, params: Any, batch: TrainBatch, *, engine: bool
+) -> jax.Array:
+  """`[B, T]` teacher log-probs of the batch's response tokens (0 off the
+  response), in micro-batch-sized chunks, under `stop_gradient`."""
+  teacher_run = _teacher_run(run)
+  if engine:
+    fn = functools.partial(scoring.exact_logp, teacher_run, graphdef)
+  else:
+    fn = functools.partial(scoring.response_logp, teacher_run, graphdef)
+  chunks = run.train.mini_batches * run.train.micro_batches
+  return jax.lax.stop_gradient(scoring.in_chunks(fn, params, batch, chunks))
+
+
+def distill_advantages(
+  run: Any, graphdef: Any, params: Any, batch: TrainBatch
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The advantages `prepare` hands the update, and the `distill/` (and
+  `teacher_corr/`) metrics. The student side is the behaviour policy
+  (π_old in decoupled mode, μ in bypass), so the reward is fixed before
+  the update and the policy loss's correction applies unchanged."""
+  cfg = run.distill
+  mask = batch.response_mask
+  trainer = teacher_logp(run, graphdef, params, batch, engine=False)
+  teacher, metrics = trainer, {}
+  if cfg.logp_source == 'engine':
+    engine = teacher_logp(run, graphdef, params, batch, engine=True)
+    metrics.update(distill_loss.teacher_gap_metrics(trainer, engine, mask))
+    if not cfg.correct_teacher:
+      teacher = engine
+  student = batch.old_logp if run.decoupled else batch.rollout_logp
+  adv, kl_metrics = distill_loss.reverse_kl_advantage(
+    student,
+    teacher,
+    mask,
+    batch.advantages if cfg.task_reward else None,
+    cfg.coef,
+    estimator=cfg.estimator,
+  )
+  return adv, {**metrics, **kl_metrics}
+
+
+def teacher_index(sources: Sequence[str], routes: Sequence[str]) -> np.ndarray:
+  """Multi-teacher (MOPD): `[B]` int32, row b's teacher = the position of
+  its data source in `routes` (then `losses.distill.select_teacher`); a
+  source with no teacher is a one-line error naming it."""
+  where = {name: i for i, name in enumerate(routes)}
+  missing = sorted({s for s in sources if s not in where})
+  if missing:
+    raise ValueError(
+      f'config.distill: no teacher for data source(s) {missing}; allowed: '
+      + ', '.join(map(repr, routes))
+    )
+  return np.asarray([where[s] for s in sources], np.int32)

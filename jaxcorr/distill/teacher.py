@@ -1,0 +1,249 @@
+"""The teacher: resolved, checked against the student and the mesh at
+start-up, loaded sharded like the policy in its own dtype.
+
+A teacher path is a Hugging Face directory (config.json without
+`checkpoints/`), a jaxcorr workdir (config.json and `checkpoints/`; its
+latest step, or `workdir@STEP`), or a GGUF file, which must be converted
+first (`python -m jaxcorr.convert`). Every refusal is one line naming
+`config.distill.teacher` (or `.teachers`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from jaxcorr import sharding
+from jaxcorr.config.fields import fail
+from jaxcorr.model import Transformer
+from jaxcorr.train.policy import ModelConfig, build_policy, transformer_config
+
+FIELD = 'config.distill.teacher'
+_TOKENIZER_FILES = ('tokenizer.json', 'tokenizer.model', 'vocab.json')
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherSource:
+  """Where a teacher lives: `kind` is 'hf' or 'workdir' (`step` None: the
+  latest checkpoint)."""
+
+  path: str
+  kind: str
+  step: int | None = None
+
+
+@dataclasses.dataclass
+class Teacher:
+  """A loaded teacher: its graph, params (on the policy's mesh) and shapes."""
+
+  source: TeacherSource
+  config: Any  # TransformerConfig
+  graphdef: Any
+  params: Any
+
+
+def resolve(path: str, field: str = FIELD) -> TeacherSource:
+  """The `TeacherSource` of a config value; refusals name `field`."""
+  allowed = "a Hugging Face directory, a jaxcorr workdir or 'workdir@STEP'"
+  where, step = path, None
+  head, at, tail = path.rpartition('@')
+  if at and tail.isdigit():
+    where, step = head, int(tail)
+  if where.endswith('.gguf') or where.endswith('.whl'):
+    fail(
+      field, path, allowed,
+      f'convert it first: python -m jaxcorr.convert --gguf={where} --out=DIR',
+    )  # fmt: skip
+  if not os.path.isdir(where):
+    fail(field, path, allowed, 'no such directory')
+  if not os.path.isfile(os.path.join(where, 'config.json')):
+    fail(field, path, allowed, 'no config.json in it')
+  if os.path.isdir(os.path.join(where, 'checkpoints')):
+    return TeacherSource(where, 'workdir', step)
+  if step is not None:
+    fail(field, path, allowed, '@STEP needs a jaxcorr workdir')
+  return TeacherSource(where, 'hf')
+
+
+def _run_config(src: TeacherSource) -> ml_collections.ConfigDict:
+  from jaxcorr.export import load_run_config
+
+  return load_run_config(src.path)
+
+
+def model_config(src: TeacherSource, dtype: str) -> Any:
+  """The teacher's `TransformerConfig` in `dtype` (nothing loaded)."""
+  if src.kind == 'hf':
+    cfg = transformer_config(ModelConfig(hf_path=src.path))
+  else:
+    from jaxcorr.export import model_config as run_model
+
+    cfg = run_model(_run_config(src))
+  return dataclasses.replace(
+    cfg, dtype=jnp.dtype(dtype), param_dtype=jnp.dtype(dtype)
+  )
+
+
+def tokenizer_identity(
+  src: TeacherSource | None, model: ModelConfig, data_tokenizer: str
+) -> str:
+  """What makes two models share token ids: the hash of the HF tokenizer
+  files, or the scratch tokenizer's kind."""
+  if src is not None and src.kind == 'workdir':
+    run = _run_config(src)
+    hf = run.model.hf_path
+    inner = TeacherSource(hf, 'hf') if hf else None
+    return tokenizer_identity(inner, model, run.data.tokenizer)
+  hf_path = src.path if src is not None else model.hf_path
+  if not hf_path:
+    return f'scratch:{data_tokenizer}'
+  digest = hashlib.sha256()
+  found = False
+  for name in _TOKENIZER_FILES:
+    file = os.path.join(hf_path, name)
+    if os.path.isfile(file):
+      found = True
+      with open(file, 'rb') as f:
+        digest.update(f.read())
+  return f'hf:{digest.hexdigest()}' if found else f'hf-no-tokenizer:{hf_path}'
+
+
+def check_compatible(
+  src: TeacherSource,
+  teacher_cfg: Any,
+  student_cfg: Any,
+  student_tokenizer: str,
+  teacher_tokenizer: str,
+  field: str = FIELD,
+) -> None:
+  """Same token ids: the same tokenizer and the same vocabulary size
+  (cross-tokenizer distillation is out of scope)."""
+  if teacher_tokenizer != student_tokenizer:
+    fail(
+      field, src.path,
+      "a teacher with the student's tokenizer",
+      f'teacher {teacher_tokenizer[:24]} vs student {student_tokenizer[:24]}',
+    )  # fmt: skip
+  if teacher_cfg.vocab_size != student_cfg.vocab_size:
+    fail(
+      field, src.path,
+      f"a teacher with the student's vocabulary ({student_cfg.vocab_size})",
+      f'its vocab_size is {teacher_cfg.vocab_size}',
+    )  # fmt: skip
+
+
+def param_bytes(cfg: Any) -> int:
+  """Bytes of the teacher's parameters (shapes only, nothing allocated)."""
+  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  leaves = jax.tree.leaves(nnx.state(abstract))
+  return sum(x.size * jnp.dtype(x.dtype).itemsize for x in leaves)
+
+
+def device_bytes() -> int | None:
+  """One device's memory (None where the backend does not say: CPU)."""
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats.get('bytes_limit')
+
+
+def check_fits(
+  nbytes: int,
+  mesh: jax.sharding.Mesh,
+  limit: int | None,
+  *,
+  student_bytes: int = 0,
+  field: str = FIELD,
+  path: str = '',
+) -> None:
+  """The teacher's share per device (its params split over the mesh's
+  fsdp x tensor axes, as the policy's are) plus the student's training
+  state (params + two Adam moments + gradients, 4x) must fit in `limit`."""
+  if limit is None:
+    return
+  shards = 1
+  for axis in ('fsdp', 'tensor'):
+    if axis in mesh.shape:
+      shards *= mesh.shape[axis]
+  need = (nbytes + 4 * student_bytes) / shards
+  if need > limit:
+    fail(
+      field, path,
+      'a teacher that fits the mesh with the student',
+      f'{need / 2**30:.2f} GiB per device (teacher {nbytes / 2**30:.2f} GiB '
+      f'+ 4x student {student_bytes / 2**30:.2f} GiB over {shards} shards) '
+      f'> {limit / 2**30:.2f} GiB; raise mesh.fsdp or use teacher_dtype=bfloat16',
+    )  # fmt: skip
+
+
+def load(src: TeacherSource, cfg: Any, mesh: jax.sharding.Mesh) -> Teacher:
+  """The teacher's params on `mesh`, sharded by the policy's rules."""
+  if src.kind == 'hf':
+    dtype = jnp.dtype(cfg.dtype).name
+    model = ModelConfig(hf_path=src.path, dtype=dtype, param_dtype=dtype)
+    policy = build_policy(model, mesh)
+    params = nnx.state(policy.module)
+    return Teacher(src, policy.config, policy.graphdef, params)
+  from jaxcorr.train.checkpoints import checkpointer
+
+  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  graphdef, shapes = nnx.split(abstract)
+  shardings = sharding.param_shardings(shapes, mesh)
+  target = jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+    shapes, shardings,
+  )  # fmt: skip
+  ckpt_dir = os.path.join(src.path, 'checkpoints')
+  with checkpointer.Checkpointer(
+    ckpt_dir, every=0, keep=1, read_only=True
+  ) as ckpt:
+    params, _, _ = ckpt.restore_subtree(
+      ('state', 'params'), target, step=src.step
+    )
+  return Teacher(src, cfg, graphdef, params)
+
+
+def check_for_run(run: Any) -> tuple[TeacherSource, Any]:
+  """Start-up checks that read files, no device: the path resolves, a
+  workdir teacher is not LoRA, same tokenizer and vocabulary as the
+  student. Returns (source, the teacher's TransformerConfig)."""
+  cfg = run.distill
+  src = resolve(cfg.teacher)
+  if src.kind == 'workdir':
+    lora = _run_config(src).get('lora', {})
+    if lora and lora.get('rank', 0):
+      fail(
+        FIELD, cfg.teacher, 'a full-weight workdir or an HF directory',
+        'a LoRA run: python -m jaxcorr.export it merged first',
+      )  # fmt: skip
+  t_cfg = model_config(src, cfg.teacher_dtype)
+  s_cfg = transformer_config(run.model)
+  student_tok = tokenizer_identity(None, run.model, run.data.tokenizer)
+  teacher_tok = tokenizer_identity(src, run.model, run.data.tokenizer)
+  check_compatible(src, t_cfg, s_cfg, student_tok, teacher_tok)
+  return src, t_cfg
+
+
+def load_for_run(
+  run: Any, mesh: jax.sharding.Mesh, student_params: Any
+) -> Teacher:
+  """`check_for_run`, the memory check against one device of `mesh`
+  (`check_fits`), then the teacher loaded on `mesh`."""
+  src, t_cfg = check_for_run(run)
+  student = sum(
+    x.size * jnp.dtype(x.dtype).itemsize
+    for x in jax.tree.leaves(student_params)
+  )
+  check_fits(
+    param_bytes(t_cfg),
+    mesh,
+    device_bytes(),
+    student_bytes=student,
+    path=run.distill.teacher,
+  )
+  return load(src, t_cfg, mesh)
