@@ -135,7 +135,7 @@ class SessionHub:
   """The live sessions by id, and the records of the last `keep` ended
   ones (`record(id)`)."""
 
-  def __init__(self, keep: int = 4096):
+  def __init__(self, keep: int = 1024):
     self._live: dict[str, Session] = {}
     self._records: collections.OrderedDict[str, SessionRecord] = (
       collections.OrderedDict()
