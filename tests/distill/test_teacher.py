@@ -1,0 +1,93 @@
+"""The teacher's start-up checks: each refusal one line naming
+`config.distill.teacher`, before any device work."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from jaxcorr.distill import score, teacher
+from jaxcorr.train import build
+from tests.helpers.trainer_config import pulse_config
+
+FIELD = r'config\.distill\.teacher'
+
+
+def _workdir(path, **model):
+  """A teacher workdir as the trainer writes one: the run's config.json
+  (pulse model, `model` overrides) and a checkpoints/ folder."""
+  config = pulse_config()
+  for key, value in model.items():
+    config.model[key] = value
+  path.mkdir()
+  (path / 'checkpoints').mkdir()
+  (path / 'config.json').write_text(config.to_json())
+  return str(path)
+
+
+def _student(teacher_path):
+  config = pulse_config()
+  config.distill.teacher = teacher_path
+  return config
+
+
+def _one_line_error(config, match):
+  with pytest.raises(ValueError, match=match) as e:
+    build.build(config)
+  assert '\n' not in str(e.value)
+
+
+def test_matching_workdir_teacher_passes_the_checks(tmp_path):
+  run = build.build(_student(_workdir(tmp_path / 't')))
+  src, cfg = teacher.check_for_run(run)
+  assert src.kind == 'workdir' and src.step is None
+  assert cfg.vocab_size == run.model.vocab_size
+  assert teacher.resolve(f'{src.path}@7').step == 7
+
+
+def test_missing_teacher(tmp_path):
+  _one_line_error(_student(str(tmp_path / 'nowhere')), FIELD + '.*no such')
+
+
+def test_gguf_teacher_needs_convert(tmp_path):
+  _one_line_error(_student(str(tmp_path / 'm.gguf')), 'jaxcorr.convert')
+
+
+def test_vocabulary_mismatch(tmp_path):
+  path = _workdir(tmp_path / 't', vocab_size=64)
+  _one_line_error(_student(path), FIELD + ".*student's vocabulary")
+
+
+def test_tokenizer_mismatch_names_both(tmp_path):
+  """An HF teacher (its tokenizer.json) for a scratch-tokenizer student."""
+  path = tmp_path / 'hf'
+  path.mkdir()
+  (path / 'config.json').write_text(
+    json.dumps({
+      'architectures': ['LlamaForCausalLM'], 'vocab_size': 27,
+      'hidden_size': 32, 'intermediate_size': 64, 'num_hidden_layers': 1,
+      'num_attention_heads': 2, 'num_key_value_heads': 1,
+      'max_position_embeddings': 32, 'rms_norm_eps': 1e-5,
+    })
+  )  # fmt: skip
+  (path / 'tokenizer.json').write_text('{}')
+  _one_line_error(_student(str(path)), r'teacher hf:.* vs student scratch:')
+
+
+def test_teacher_too_large_for_the_mesh():
+  mesh = jax.make_mesh((1,), ('fsdp',))
+  teacher.check_fits(2**30, mesh, None)  # unknown memory (CPU): no check
+  teacher.check_fits(2**20, mesh, 2**30, student_bytes=2**20)
+  with pytest.raises(ValueError, match=FIELD + r'.*GiB per device') as e:
+    teacher.check_fits(2**30, mesh, 2**30, student_bytes=2**20, path='t')
+  assert '\n' not in str(e.value)
+
+
+def test_multi_teacher_routing():
+  ids = score.teacher_index(['math', 'code', 'math'], ['code', 'math'])
+  np.testing.assert_array_equal(ids, [1, 0, 1])
+  with pytest.raises(ValueError, match=r"config\.distill.*'chat'"):
+    score.teacher_index(['chat'], ['code', 'math'])
