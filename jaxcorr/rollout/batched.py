@@ -82,9 +82,10 @@ class BatchedDecoding:
       [jnp.asarray(keys, jnp.uint32), jnp.zeros((n - m, 2), jnp.uint32)]
     )
     sp = jnp.tile(pack_sampling(sampling_params), (n, 1))
-    return self.programs.prefill(
+    prefix = self.programs.prefill(
       params, *self.layout.replicate(tokens, lengths, src, keys, sp)
     )
+    return prefix.replace(prompt=self.layout.replicate(tokens)[0])
 
   def insert_batch(
     self,

@@ -43,6 +43,7 @@ from jaxcorr.model import Transformer, TransformerConfig
 from jaxcorr.model.lora import LoraConfig
 from jaxcorr.model.quantized_weights import QuantSpec
 from jaxcorr.rollout import decode, layout, precision
+from jaxcorr.rollout import speculative as speculative_lib
 from jaxcorr.rollout.adapter_weights import AdapterWeights
 from jaxcorr.rollout.batched import BatchedDecoding
 from jaxcorr.rollout.policy_weights import PolicyWeights
@@ -93,6 +94,8 @@ class PolicyEngine(engine_api.Engine):
     exact: exact mode (`jaxcorr.model.exact`): each token's log-prob does
       not depend on the batch, the slot or prefill vs decode, and equals the
       trainer's exact scoring bit for bit; not with quantization.
+    speculative: a `SpeculativeConfig` (draft, k): the decode chunk runs
+      exact speculative sampling (`rollout/speculative.py`); None: off.
   """
 
   def __init__(
@@ -114,6 +117,7 @@ class PolicyEngine(engine_api.Engine):
     quantization: QuantSpec | None = None,
     kv_cache_dtype: str | None = None,
     exact: bool = False,
+    speculative: speculative_lib.SpeculativeConfig | None = None,
   ):
     if exact and quantization is not None:
       raise ValueError(
@@ -123,7 +127,16 @@ class PolicyEngine(engine_api.Engine):
     cfg = model.config
     if dtype is not None:
       cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
-    self.layout = layout.Layout(
+    spec = speculative if speculative and speculative.enabled else None
+    if spec is not None:
+      spec.check(
+        cfg,
+        exact=exact,
+        kept_capacity=kept_set_capacity,
+        moe=bool(cfg.moe_layers),
+      )
+    make_layout = layout.Layout if spec is None else speculative_layout(spec)
+    self.layout = make_layout(
       config=cfg,
       slots=max_concurrent_decodes,
       max_prefill=max_prefill_length,
@@ -139,6 +152,10 @@ class PolicyEngine(engine_api.Engine):
     self.programs = decode.jit_programs(
       graphdef, kept_set_capacity, self.layout.exact_extent
     )
+    if spec is not None:
+      self.programs = speculative_lib.with_speculation(
+        self.programs, self.layout
+      )
     self.requests = RequestDecoding(
       self.layout,
       self.programs,
@@ -324,6 +341,11 @@ class PolicyEngine(engine_api.Engine):
     """`BatchedDecoding.refresh_cache`: live rows' caches recomputed under
     the current weights."""
     return self.batched.refresh_cache(decode_state, contexts)
+
+
+def speculative_layout(spec):
+  """A `Layout` constructor whose states suit `spec`'s decode chunk."""
+  return lambda **kw: speculative_lib.SpeculativeLayout(**kw, speculative=spec)
 
 
 def _weights(cfg, model, mesh, lora, quantization) -> tuple[Any, Any]:

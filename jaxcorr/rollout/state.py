@@ -59,6 +59,9 @@ class Prefix:
   kept: KeptSet | None = None
   # MoE policies: the experts of every prompt position (docs/moe.md).
   routing: jax.Array | None = None  # int32 [M, Pb, L_moe, k]
+  # The padded prompts [R, Pb] (batched path): the speculative n-gram
+  # draft's context (jaxcorr/rollout/speculative.py); None elsewhere.
+  prompt: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -81,6 +84,9 @@ class DecodeState:
   sampling: jax.Array
   limit: jax.Array
   active: jax.Array
+  # Speculative decoding only: int32 [N, T] each slot's tokens by position
+  # (the n-gram draft's context); None otherwise.
+  history: jax.Array | None = None
 
 
 @flax.struct.dataclass
