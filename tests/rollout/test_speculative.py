@@ -1,0 +1,203 @@
+"""Exact speculative sampling (jaxcorr/rollout/speculative.py) on a tiny
+random model: the first two tokens' joint frequencies over many rows fit the
+target's processed distribution (chi-square), greedy ids equal
+non-speculative greedy, μ is the target's log-prob, bad configs fail."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from scipy import stats
+
+from jaxcorr import sampling
+from jaxcorr.rollout import decode, driver
+from jaxcorr.rollout.engine import PolicyEngine
+from jaxcorr.rollout.speculative import (
+  SpeculativeConfig,
+  SpeculativeLayout,
+  spec_chunk,
+)
+from jaxcorr.rollout.state import SamplingParams, pack_sampling
+from tests.helpers.model_testing import random_model, tiny_config
+
+CONTEXT = [
+  5,
+  6,
+  7,
+  5,
+  6,
+  7,
+  5,
+  6,
+]  # x0 = 7 follows: the n-gram draft has a match
+X0 = 7
+SP = SamplingParams(temperature=0.7, top_k=4, top_p=0.95)
+ROWS = 4096
+
+
+@pytest.fixture(scope='module')
+def model():
+  return random_model(tiny_config())
+
+
+def _processed(model, tokens):
+  """The engine's sampling distribution after `tokens` (independent of
+  speculative.py: softmax(z / τ) on `sampling.support`, renormalised)."""
+  z = model(jnp.asarray([tokens]))[0, -1].astype(jnp.float32)
+  keep = sampling.support(z, SP.temperature, SP.top_k, SP.top_p, SP.min_p)
+  w = np.where(keep, jax.nn.softmax(z / SP.temperature), 0.0)
+  return w / w.sum()
+
+
+def _expected_pairs(model):
+  """P(x1, x2) over the kept pairs after CONTEXT + [X0]."""
+  p1 = _processed(model, [*CONTEXT, X0])
+  out = {}
+  for a in np.flatnonzero(p1):
+    p2 = _processed(model, [*CONTEXT, X0, int(a)])
+    for b in np.flatnonzero(p2):
+      out[int(a), int(b)] = p1[a] * p2[b]
+  return out
+
+
+def _two_tokens(model, spec):
+  """ROWS independent continuations of CONTEXT + [X0], two tokens each,
+  by the speculative chunk (spec) or the plain one (None)."""
+  cfg = model.config
+  lay = SpeculativeLayout(
+    config=cfg,
+    slots=ROWS,
+    max_prefill=16,
+    max_target=32,
+    chunk_steps=2,
+    min_attend_bucket=32,
+    kept_capacity=0,
+    mesh=None,
+    speculative=spec or SpeculativeConfig(draft='ngram'),
+  )
+  graphdef, params = nnx.split(model)
+  state = lay.empty_state()
+  ctx = jnp.tile(jnp.asarray(CONTEXT, jnp.int32), (ROWS, 1))
+  live = jnp.ones((ROWS,), bool)
+  state = decode.refill(graphdef, params, state, ctx, live)
+  keys = jax.vmap(lambda i: jax.random.key_data(jax.random.key(i)))(
+    jnp.arange(ROWS)
+  )
+  state = state.replace(
+    cache=state.cache.replace(index=jnp.full((ROWS,), len(CONTEXT))),
+    tokens=jnp.full((ROWS,), X0, jnp.int32),
+    steps=jnp.ones((ROWS,), jnp.int32),
+    keys=keys.astype(jnp.uint32),
+    sampling=jnp.tile(pack_sampling(SP), (ROWS, 1)),
+    limit=jnp.full((ROWS,), 100, jnp.int32),
+    active=live,
+    history=state.history.at[:, : len(CONTEXT)].set(ctx),
+  )
+  stop = jnp.asarray([-1], jnp.int32)
+  if spec is None:
+    fn = jax.jit(
+      decode.decode_chunk,
+      static_argnums=(0,),
+      static_argnames=('num_steps', 'attend_len'),
+    )
+    _, chunk = fn(graphdef, params, state, stop, 0, num_steps=2, attend_len=32)
+  else:
+    _, chunk = spec_chunk(
+      graphdef,
+      params,
+      state,
+      stop,
+      0,
+      num_steps=2,
+      attend_len=32,
+      spec=spec,
+      cache_len=lay.cache_len,
+    )
+  assert np.all(np.asarray(chunk.counts) == 2)
+  return np.asarray(chunk.tokens), np.asarray(chunk.logp_truncated)
+
+
+def _chi2_pvalue(tokens, expected):
+  cells = sorted(expected, key=expected.get, reverse=True)
+  probs = np.array([expected[c] for c in cells], np.float64)
+  index = {c: i for i, c in enumerate(cells)}
+  counts = np.zeros(len(cells) + 1)
+  for a, b in tokens:
+    counts[index.get((int(a), int(b)), len(cells))] += 1
+  assert counts[-1] == 0, 'a pair outside the kept sets was sampled'
+  exp = probs * len(tokens)
+  # Pool the cells expected < 5 times (the chi-square approximation).
+  big = exp >= 5
+  obs = np.append(counts[:-1][big], counts[:-1][~big].sum())
+  exp = np.append(exp[big], exp[~big].sum())
+  if exp[-1] == 0:
+    obs, exp = obs[:-1], exp[:-1]
+  exp = exp.astype(np.float64)
+  exp[-1] += obs.sum() - exp.sum()  # float32 rounding of the total
+  return stats.chisquare(obs, exp).pvalue
+
+
+@pytest.mark.parametrize(
+  'spec',
+  [
+    None,
+    SpeculativeConfig(draft='ngram', k=3),
+    SpeculativeConfig(draft='layers', k=3, draft_layers=1),
+  ],
+  ids=['plain', 'ngram', 'layers'],
+)
+def test_two_token_frequencies_fit_the_processed_target(model, spec):
+  tokens, lpt = _two_tokens(model, spec)
+  expected = _expected_pairs(model)
+  assert _chi2_pvalue(tokens, expected) > 1e-3
+  # μ: the target's processed (truncated) log-prob of each emitted token.
+  p1 = _processed(model, [*CONTEXT, X0])
+  np.testing.assert_allclose(lpt[:, 0], np.log(p1[tokens[:, 0]]), atol=2e-5)
+
+
+PROMPTS = [[3, 4, 5], list(range(10, 31)), [7], [9] * 9, [5, 6, 5, 6, 5]]
+
+
+def _engine(model, spec=None):
+  return PolicyEngine(
+    model,
+    max_concurrent_decodes=3,
+    max_prefill_length=32,
+    max_target_length=64,
+    decode_chunk=8,
+    speculative=spec,
+  )
+
+
+@pytest.mark.parametrize('draft', ['ngram', 'layers'])
+def test_greedy_ids_equal_plain_greedy(model, draft):
+  kw = dict(max_new_tokens=20, top_k=1, stop_token_ids=(1, 2))
+  base = driver.generate(_engine(model), PROMPTS, **kw)
+  spec = SpeculativeConfig(draft=draft, k=3)
+  got = driver.generate(_engine(model, spec), PROMPTS, **kw)
+  np.testing.assert_array_equal(got.response_tokens, base.response_tokens)
+  np.testing.assert_array_equal(got.response_mask, base.response_mask)
+  np.testing.assert_allclose(got.rollout_logp, base.rollout_logp, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+  'spec, kw, match',
+  [
+    (dict(draft='ngram', k=0), {}, 'k=0'),
+    (dict(draft='bad'), {}, 'draft='),
+    (dict(draft='ngram'), dict(exact=True), 'rollout.exact'),
+    (dict(draft='ngram'), dict(kept_set_capacity=8), 'replay'),
+    (dict(draft='layers', draft_layers=2), {}, 'draft_layers=2'),
+  ],
+)
+def test_bad_configs_fail_at_construction(model, spec, kw, match):
+  with pytest.raises(ValueError, match=match):
+    PolicyEngine(
+      model,
+      max_concurrent_decodes=2,
+      max_prefill_length=8,
+      max_target_length=16,
+      speculative=SpeculativeConfig(**spec),
+      **kw,
+    )
