@@ -35,8 +35,6 @@ from jaxcorr.config import convert, fields
 from jaxcorr.data import prompts, reasoning_gym, text
 from jaxcorr.data.config import DataConfig
 from jaxcorr.data.tasks import Example
-from jaxcorr.distill import teacher as distill_teacher
-from jaxcorr.distill.config import DistillConfig
 from jaxcorr.losses import objective_config, overlong, vcpo
 from jaxcorr.losses.advantages import AdvantageConfig
 from jaxcorr.losses.correction import CorrectionConfig
@@ -47,6 +45,8 @@ from jaxcorr.model.lora import LoraConfig
 from jaxcorr.rollout import precision
 from jaxcorr.sharding import MeshConfig
 from jaxcorr.train.critic import CriticConfig
+from jaxcorr.train.distill import DistillConfig
+from jaxcorr.train.distill import teacher as distill_teacher
 from jaxcorr.train.evals import sets as eval_sets
 from jaxcorr.train.evals.config import EvalConfig
 from jaxcorr.train.policy import ModelConfig, transformer_config

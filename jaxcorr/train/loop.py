@@ -40,7 +40,6 @@ from flax import nnx
 
 from jaxcorr import rewards as reward_fns
 from jaxcorr.data import text
-from jaxcorr.distill import teacher as distill_teacher
 from jaxcorr.judge import bind_policy_judges
 from jaxcorr.rewards import RewardScorer
 from jaxcorr.train import (
@@ -187,12 +186,6 @@ class Trainer:
       ),
     )
     self.batch_shards = meshes.batch_shards
-    if run.distill.enabled:  # the teacher, sharded like the policy
-      teacher = distill_teacher.load_for_run(
-        run, self.mesh, self.state.policy_params()
-      )
-      self.steps.teacher_graphdef = teacher.graphdef
-      self.rl_step.teacher_params = teacher.params
     self.checkpoints = RunCheckpoints(
       workdir, run, config_name, config=config, allow_change=allow_config_change
     )

@@ -27,12 +27,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxcorr.distill import score as distill_score
 from jaxcorr.losses import advantages as adv_lib
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import masked, rewards
 from jaxcorr.train import scoring
 from jaxcorr.train.batch import TrainBatch
+from jaxcorr.train.distill import score as distill_score
 from jaxcorr.train.packing import forward as packed_forward
 from jaxcorr.train.packing.layout import PackedRows
 from jaxcorr.train.rollouts import staleness
@@ -66,12 +66,12 @@ def prepare(
   ref_params: Any,
   batch: TrainBatch,
   packed: PackedRows | None = None,
-  teacher: tuple[Any, Any] | None = None,
+  teacher: Any = None,
 ) -> tuple[rewards.KLControllerState, TrainBatch, dict[str, jax.Array]]:
   """(the KL controller after this step, `batch` with the training fields
   filled, metrics of the global batch); with `packed` (`train.packing`)
-  the forward passes run over its packed rows; with `teacher` ((graphdef,
-  params), `config.distill`) the advantages are the distillation's."""
+  the forward passes run over its packed rows; with `teacher` (a
+  `distill.teacher.Teacher`) the advantages are the distillation's."""
   alg = run.algorithm
   sg = jax.lax.stop_gradient
   mask = batch.response_mask
@@ -111,10 +111,8 @@ def prepare(
     alg.advantage, scores, mask, batch.group_ids, values=batch.values
   )
   batch = batch.replace(advantages=adv, returns=returns)
-  if teacher is not None:  # on-policy distillation (jaxcorr/distill)
-    adv, distill_metrics = distill_score.distill_advantages(
-      run, *teacher, batch
-    )
+  if teacher is not None:  # on-policy distillation (jaxcorr/train/distill)
+    adv, distill_metrics = distill_score.distill_advantages(run, teacher, batch)
     batch = batch.replace(advantages=adv)
     metrics.update(distill_metrics)
   corr = run.losses.correction

@@ -28,6 +28,7 @@ from jax.experimental import multihost_utils
 
 from jaxcorr.rollout import ValidationConfig, validate_rollout_batch
 from jaxcorr.train import batch as batch_lib
+from jaxcorr.train.distill import teacher as distill_teacher
 from jaxcorr.train.packing import forward as packed_forward
 from jaxcorr.train.packing import layout as packing
 from jaxcorr.train.rollouts import staleness
@@ -88,7 +89,7 @@ class RLStep:
     local_shards = max(batch_shards // jax.process_count(), 1)
     self.row_multiple = t.mini_batches * t.micro_batches * local_shards
     self.batch_shards = batch_shards
-    self.teacher_params = None  # config.distill's teacher (loop.py sets it)
+    self.teacher = distill_teacher.for_run(run, mesh)  # None: no config.distill
     r = run.rollout
     self.empty = staleness.EmptyBatches(
       limit=r.max_empty_batches,
@@ -213,7 +214,7 @@ class RLStep:
         device_batch,
         packed,
         light=light,
-        teacher_params=self.teacher_params,
+        teacher=self.teacher,
       )
       # When prepare's outputs are ready, seen from a watcher thread: the
       # update is dispatched at once behind it, so timing never serialises

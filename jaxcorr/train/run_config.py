@@ -36,7 +36,6 @@ from jaxcorr.config.fields import (
   validate,
 )
 from jaxcorr.data.config import DataConfig
-from jaxcorr.distill.config import DistillConfig
 from jaxcorr.losses import kl as kl_lib
 from jaxcorr.losses.advantages import AdvantageConfig
 from jaxcorr.losses.objective_config import LossConfigs
@@ -45,6 +44,7 @@ from jaxcorr.model.lora import LoraConfig
 from jaxcorr.rewards import RewardConfig
 from jaxcorr.sharding import MeshConfig
 from jaxcorr.train.critic import CriticConfig
+from jaxcorr.train.distill import DistillConfig
 from jaxcorr.train.evals.config import EvalConfig
 from jaxcorr.train.policy import ModelConfig
 from jaxcorr.train.rollouts.config import RolloutConfig

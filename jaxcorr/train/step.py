@@ -94,7 +94,6 @@ class Steps:
     self.critic_graphdef = critic_graphdef
     self.critic_tx = critic_tx
     self.state_shardings = state_shardings
-    self.teacher_graphdef = None  # config.distill's teacher (loop.py sets it)
     # Times each function was traced (a Python side effect runs only while
     # tracing): a step that retraces recompiles, which tests rule out.
     self.traces = {'prepare': 0, 'update': 0}
@@ -132,12 +131,9 @@ class Steps:
     batch: TrainBatch,
     packed: PackedRows | None = None,
     light: bool = False,
-    teacher_params: Any = None,
+    teacher: Any = None,
   ):
     self.traces['prepare'] += 1
-    teacher = None  # config.distill: (its graph, its params)
-    if teacher_params is not None:
-      teacher = (self.teacher_graphdef, teacher_params)
     kl_ctrl, batch, metrics = prepare(
       self.run,
       self.graphdef,

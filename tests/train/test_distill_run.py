@@ -32,7 +32,7 @@ def test_distillation_pulse_run(tmp_path):
   config.train.eval_every = 0
   student = tmp_path / 'student'
   trainer = Trainer.from_config(config, str(student), config_name='test')
-  before = jax.tree.map(np.asarray, trainer.rl_step.teacher_params)
+  before = jax.tree.map(np.asarray, trainer.rl_step.teacher.params)
   trainer.train()
   with open(student / 'metrics.jsonl') as f:
     rows = [json.loads(line) for line in f if '"step": 0' not in line]
@@ -46,6 +46,6 @@ def test_distillation_pulse_run(tmp_path):
     # The bfloat16 engine's teacher against its float32 trainer-side pass.
     assert r['teacher_corr/log_ppl_abs_diff'] > 0.0
     assert np.isfinite(r['teacher_corr/chi2_token'])
-  after = jax.tree.map(np.asarray, trainer.rl_step.teacher_params)
+  after = jax.tree.map(np.asarray, trainer.rl_step.teacher.params)
   for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
     np.testing.assert_array_equal(a, b)  # nothing trains the teacher

@@ -2,6 +2,6 @@
 and its log-probs in `prepare` (docs/distillation.md). The losses are pure
 functions in jaxcorr/losses/distill.py."""
 
-from jaxcorr.distill.config import DistillConfig
+from jaxcorr.train.distill.config import DistillConfig
 
 __all__ = ['DistillConfig']

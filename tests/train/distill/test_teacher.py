@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxcorr.distill import score, teacher
 from jaxcorr.train import build
+from jaxcorr.train.distill import score, teacher
 from tests.helpers.trainer_config import pulse_config
 
 FIELD = r'config\.distill\.teacher'

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
 from jaxcorr import sharding
+from jaxcorr.config import convert
 from jaxcorr.config.fields import fail
 from jaxcorr.model import Transformer
 from jaxcorr.train.policy import ModelConfig, build_policy, transformer_config
@@ -39,14 +42,13 @@ class TeacherSource:
   step: int | None = None
 
 
-@dataclasses.dataclass
+@flax.struct.dataclass
 class Teacher:
-  """A loaded teacher: its graph, params (on the policy's mesh) and shapes."""
+  """A loaded teacher, a jit argument of `prepare`: its graph (static)
+  and its params (on the policy's mesh, in `distill.teacher_dtype`)."""
 
-  source: TeacherSource
-  config: Any  # TransformerConfig
-  graphdef: Any
-  params: Any
+  graphdef: Any = flax.struct.field(pytree_node=False)
+  params: Any = None
 
 
 def resolve(path: str, field: str = FIELD) -> TeacherSource:
@@ -73,19 +75,23 @@ def resolve(path: str, field: str = FIELD) -> TeacherSource:
 
 
 def _run_config(src: TeacherSource) -> ml_collections.ConfigDict:
-  from jaxcorr.export import load_run_config
-
-  return load_run_config(src.path)
+  """The ConfigDict the teacher's run was started with (its config.json,
+  written by the trainer)."""
+  with open(os.path.join(src.path, 'config.json')) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  config.lock()
+  return config
 
 
 def model_config(src: TeacherSource, dtype: str) -> Any:
   """The teacher's `TransformerConfig` in `dtype` (nothing loaded)."""
   if src.kind == 'hf':
     cfg = transformer_config(ModelConfig(hf_path=src.path))
-  else:
-    from jaxcorr.export import model_config as run_model
-
-    cfg = run_model(_run_config(src))
+  else:  # the run's model section, mapped as the trainer maps it
+    model = convert.build(
+      ModelConfig, 'config.model', convert.values(_run_config(src).model)
+    )
+    cfg = transformer_config(model)
   return dataclasses.replace(
     cfg, dtype=jnp.dtype(dtype), param_dtype=jnp.dtype(dtype)
   )
@@ -188,7 +194,7 @@ def load(src: TeacherSource, cfg: Any, mesh: jax.sharding.Mesh) -> Teacher:
     model = ModelConfig(hf_path=src.path, dtype=dtype, param_dtype=dtype)
     policy = build_policy(model, mesh)
     params = nnx.state(policy.module)
-    return Teacher(src, policy.config, policy.graphdef, params)
+    return Teacher(policy.graphdef, params)
   from jaxcorr.train.checkpoints import checkpointer
 
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
@@ -205,7 +211,7 @@ def load(src: TeacherSource, cfg: Any, mesh: jax.sharding.Mesh) -> Teacher:
     params, _, _ = ckpt.restore_subtree(
       ('state', 'params'), target, step=src.step
     )
-  return Teacher(src, cfg, graphdef, params)
+  return Teacher(graphdef, params)
 
 
 def check_for_run(run: Any) -> tuple[TeacherSource, Any]:
@@ -229,21 +235,18 @@ def check_for_run(run: Any) -> tuple[TeacherSource, Any]:
   return src, t_cfg
 
 
-def load_for_run(
-  run: Any, mesh: jax.sharding.Mesh, student_params: Any
-) -> Teacher:
-  """`check_for_run`, the memory check against one device of `mesh`
-  (`check_fits`), then the teacher loaded on `mesh`."""
+def for_run(run: Any, mesh: jax.sharding.Mesh) -> Teacher | None:
+  """The run's teacher on `mesh` (None without `config.distill`), after
+  `check_for_run` and the memory check against one device (`check_fits`,
+  with the student's params counted from its config)."""
+  if not run.distill.enabled:
+    return None
   src, t_cfg = check_for_run(run)
-  student = sum(
-    x.size * jnp.dtype(x.dtype).itemsize
-    for x in jax.tree.leaves(student_params)
-  )
   check_fits(
     param_bytes(t_cfg),
     mesh,
     device_bytes(),
-    student_bytes=student,
+    student_bytes=param_bytes(transformer_config(run.model)),
     path=run.distill.teacher,
   )
   return load(src, t_cfg, mesh)

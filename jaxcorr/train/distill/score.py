@@ -55,7 +55,7 @@ def teacher_logp(
 
 
 def distill_advantages(
-  run: Any, graphdef: Any, params: Any, batch: TrainBatch
+  run: Any, teacher: Any, batch: TrainBatch
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The advantages `prepare` hands the update, and the `distill/` (and
   `teacher_corr/`) metrics. The student side is the behaviour policy
@@ -63,6 +63,7 @@ def distill_advantages(
   the update and the policy loss's correction applies unchanged."""
   cfg = run.distill
   mask = batch.response_mask
+  graphdef, params = teacher.graphdef, teacher.params
   trainer = teacher_logp(run, graphdef, params, batch, engine=False)
   teacher, metrics = trainer, {}
   if cfg.logp_source == 'engine':
