@@ -175,7 +175,7 @@ def _sample_truncated(keys, z, top_k, top_p, min_p):
   q = jnp.exp(log_q)
   keep = _support_of_probs(q, top_k, top_p, min_p)
   w = jnp.where(keep, q, 0.0)
-  tokens = _draw_blocks(keys, *_blocks(w, 0.0))
+  tokens = draw_blocks(keys, *_blocks(w, 0.0))
   full = jnp.take_along_axis(log_q, tokens[..., None], axis=-1)[..., 0]
   kept_mass = jnp.sum(w, axis=-1)
   return tokens, nonpositive(full), nonpositive(full - jnp.log(kept_mass))
@@ -185,10 +185,8 @@ def _sample_untruncated(keys, z):
   """`sample` from scaled logits z [B, V] over the full vocabulary: log q[y]
   = z[y] - m - log Σ exp(z - m), with the sum taken over the block sums
   the draw races over (no log-softmax, no second pass over V)."""
-  m = jnp.max(z, axis=-1, keepdims=True)
-  e, size = _blocks(jnp.exp(z - m), 0.0)
-  block_sums = jnp.sum(e, axis=-1)
-  tokens = _draw_blocks(keys, e, size, block_sums)
+  m, e, size, block_sums = exp_blocks(z)
+  tokens = draw_blocks(keys, e, size, block_sums)
   z_y = jnp.take_along_axis(z, tokens[..., None], axis=-1)[..., 0]
   full = z_y - m[..., 0] - jnp.log(jnp.sum(block_sums, axis=-1))
   full = nonpositive(full)
@@ -207,7 +205,7 @@ def draw(keys: jax.Array, w: jax.Array) -> jax.Array:
   instead of V: the random bits dominated a decode step's sampling. Entries
   of weight 0 never win (they score -1).
   """
-  return _draw_blocks(keys, *_blocks(w, 0.0))
+  return draw_blocks(keys, *_blocks(w, 0.0))
 
 
 def _blocks(x: jax.Array, pad: float) -> tuple[jax.Array, int]:
@@ -220,7 +218,17 @@ def _blocks(x: jax.Array, pad: float) -> tuple[jax.Array, int]:
   return x.reshape(b, blocks, size), size
 
 
-def _draw_blocks(keys, w, size, block_sums=None) -> jax.Array:
+def exp_blocks(z: jax.Array) -> tuple[jax.Array, jax.Array, int, jax.Array]:
+  """z [B, V] -> (m = max z [B, 1], e = exp(z - m) in blocks [B, V / S, S]
+  (`_blocks`), S, the block sums [B, V / S]): one pass giving both the
+  normaliser, log Σ exp z = m + log Σ block sums, and what `draw_blocks`
+  races over."""
+  m = jnp.max(z, axis=-1, keepdims=True)
+  e, size = _blocks(jnp.exp(z - m), 0.0)
+  return m, e, size, jnp.sum(e, axis=-1)
+
+
+def draw_blocks(keys, w, size, block_sums=None) -> jax.Array:
   """`draw` on weights already in blocks, w [B, V / S, S]; block_sums
   [B, V / S] when the caller has them. One uniform draw per row gives both
   races' √V-wide noise (one threefry call instead of a split and two)."""

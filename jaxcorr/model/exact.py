@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcorr import sampling
 from jaxcorr.model.layers import (
   apply_rope,
   matmul_precision,
@@ -51,7 +52,7 @@ from jaxcorr.model.moe import MoEBlock
 from jaxcorr.model.quantized_weights import embed_rows, project
 from jaxcorr.model.transformer import mask_padded_vocab
 
-TILE = 32
+TILE = 64
 """Tokens per tile: every token-wise GEMM of exact mode is [TILE, D] x [D, F]."""
 
 _NEG_INF = float(np.finfo(np.float32).min)
@@ -98,13 +99,13 @@ def _qkv(layer: Any, inv_freq: np.ndarray):
   return fn
 
 
-def _attend(keys: jax.Array, values: jax.Array, precision: Any):
-  """Tile fn: (q [t, H, Dh], pos [t], row [t]) -> [t, H, Dh], each query
-  over its row's keys at indices <= pos, all S of them scored."""
+def _attend(precision: Any):
+  """Tile fn: (q [t, H, Dh], pos [t], k, v [t, K, S, Dh]: each query's
+  row of the store) -> [t, H, Dh], each query over its row's keys at
+  indices <= pos, all S of them scored."""
 
-  def fn(q, pos, row):
-    k = jnp.take(keys, row, axis=0, mode='clip').astype(q.dtype)
-    v = jnp.take(values, row, axis=0, mode='clip').astype(q.dtype)
+  def fn(q, pos, k, v):
+    k, v = k.astype(q.dtype), v.astype(q.dtype)
     t, h, dh = q.shape
     kv = k.shape[1]
     q = q.reshape(t, kv, h // kv, dh)
@@ -126,6 +127,18 @@ def _attend(keys: jax.Array, values: jax.Array, precision: Any):
   return fn
 
 
+def _gathered(precision: Any, keys: jax.Array, values: jax.Array):
+  """`_attend` for tokens of any rows: each tile gathers its queries'
+  rows of the store ([t, K, S, Dh] copied per tile)."""
+  attend = _attend(precision)
+
+  def fn(q, pos, row):
+    take = lambda s: jnp.take(s, row, axis=0, mode='clip')  # noqa: E731
+    return attend(q, pos, take(keys), take(values))
+
+  return fn
+
+
 def _residual(layer: Any):
   """Tile fn: (x [t, D], attention out [t, H, Dh]) -> (the layer's output,
   an MoE layer's experts [t, k] or None). An MoE block runs every expert
@@ -143,35 +156,49 @@ def _residual(layer: Any):
   return fn
 
 
-def _layer(layer, x, pos, row, kv, inv_freq, precision):
+def _layer(layer, x, pos, row, kv, inv_freq, precision, one_per_row):
   """One decoder layer over tokens [M]; writes their k/v into the store
   (rows >= R are dropped: padding tokens) before attending. Returns (x,
-  the store, experts [M, k] or None)."""
+  the store, experts [M, k] or None). `one_per_row`: token i is row i's
+  only token (a decode step, M = R), so each query tile reads its rows of
+  the store in place (a reshape, no copy when M is a multiple of the
+  tile): the same [tile, K, S, Dh] operands as the gather gives."""
   q, k, v = token_tiles(_qkv(layer, inv_freq), x, pos)
   keys, values = (
     s.at[row, :, pos].set(new.astype(s.dtype), mode='drop')
     for s, new in zip(kv, (k, v))
   )
-  o = token_tiles(_attend(keys, values, precision), q, pos, row)
+  if one_per_row:
+    o = token_tiles(_attend(precision), q, pos, keys, values)
+  else:
+    o = token_tiles(_gathered(precision, keys, values), q, pos, row)
   x, experts = token_tiles(_residual(layer), x, o)
   return x, (keys, values), experts
 
 
 def exact_hidden(
-  model: Any, tokens: jax.Array, pos: jax.Array, row: jax.Array, kv: Store
+  model: Any,
+  tokens: jax.Array,
+  pos: jax.Array,
+  row: jax.Array,
+  kv: Store,
+  one_per_row: bool = False,
 ) -> tuple[jax.Array, Store, jax.Array | None]:
   """tokens, pos, row [M] (a token, its position in its sequence, its
   sequence's row of the store; row >= R: padding, neither stored nor
   read) -> (hidden [M, D] before the final norm, the store with every
   token's keys/values written, the MoE layers' experts [M, L_moe, k] or
-  None for a dense policy)."""
+  None for a dense policy). `one_per_row` (static): row = arange(M), M =
+  R (a decode step): attention reads the store without a gather."""
   cfg = model.config
   inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
   precision = matmul_precision(cfg)
   x = embed_rows(model.embed.get_value(), tokens, cfg.dtype)
   new_k, new_v, experts = [], [], []
   for layer, k, v in zip(model.layer_list(), *kv):
-    x, (k, v), e = _layer(layer, x, pos, row, (k, v), inv_freq, precision)
+    x, (k, v), e = _layer(
+      layer, x, pos, row, (k, v), inv_freq, precision, one_per_row
+    )
     new_k.append(k)
     new_v.append(v)
     if e is not None:
@@ -185,9 +212,29 @@ def exact_logits(
 ) -> tuple[jax.Array, jax.Array]:
   """hidden [M, D] (before the final norm), temperature [M] -> (z [M, V] =
   logits / τ float32, logsumexp(z) [M]): log q(y) = z[y] - lse, the same
-  bits whoever asks (the engine samples from z)."""
-  scaled = functools.partial(_scaled_logits, model)
-  return token_tiles(scaled, hidden, temperature.astype(jnp.float32))
+  bits whoever asks (the engine's truncated sampler draws from z)."""
+  head = functools.partial(_head, model)
+  return token_tiles(head, hidden, temperature.astype(jnp.float32))
+
+
+def exact_sample(
+  model: Any, hidden: jax.Array, temperature: jax.Array, keys: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """hidden [M, D], temperature [M], keys [M, 2] -> (y [M] drawn from
+  softmax(z) over the whole vocabulary, z[y] - lse): the token is drawn
+  inside the head tile (`sampling.exp_blocks`, `draw_blocks`: the
+  untruncated sampler's one pass), so no [M, V] array leaves the tile.
+  The normaliser stays `_head`'s logsumexp, not the draw's block sums:
+  reusing those changes how XLA fuses (and sums) the exp, and the lse
+  would no longer be the trainer's bits."""
+
+  def fn(h, temp, key):
+    z, lse = _head(model, h, temp)
+    _, e, size, sums = sampling.exp_blocks(z)
+    y = sampling.draw_blocks(key, e, size, sums)
+    return y, _at(z, y) - lse
+
+  return token_tiles(fn, hidden, temperature.astype(jnp.float32), keys)
 
 
 def exact_logprobs_at(
@@ -197,13 +244,18 @@ def exact_logprobs_at(
   the same bits without the [M, V] logits (the trainer's π_old)."""
 
   def fn(h, temp, y):
-    z, lse = _scaled_logits(model, h, temp)
-    return jnp.take_along_axis(z, y[:, None], axis=-1)[:, 0] - lse
+    z, lse = _head(model, h, temp)
+    return _at(z, y) - lse
 
   return token_tiles(fn, hidden, temperature.astype(jnp.float32), targets)
 
 
-def _scaled_logits(model: Any, h: jax.Array, temp: jax.Array):
+def _at(z: jax.Array, y: jax.Array) -> jax.Array:
+  """z [t, V], y [t] -> z[i, y_i]."""
+  return jnp.take_along_axis(z, y[:, None], axis=-1)[:, 0]
+
+
+def _head(model: Any, h: jax.Array, temp: jax.Array):
   """Tile fn: (h [t, D], τ [t]) -> (z = logits / τ [t, V], logsumexp z)."""
   cfg = model.config
   head = model.embed if model.lm_head is None else model.lm_head

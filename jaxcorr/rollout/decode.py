@@ -93,13 +93,26 @@ def sample_exact(keys, model, hidden, sp):
   """`sample_rows` for exact mode: hidden [N, D] (before the final norm)
   -> the same outputs (no kept set), the token drawn from z = logits / τ
   of `exact_logits` and logp_full = z[y] - logsumexp(z), bit for bit the
-  trainer's (`exact_token_logprobs`); logp_truncated keeps the sampler's
-  log of the kept mass on top of it."""
-  z, lse = exact_lib.exact_logits(model, hidden, sp[:, 0])
-  unit = sp.at[:, 0].set(1.0)  # z is already divided by τ
-  tok, lp, lpt, _ = sample_rows(keys, z, unit)
-  exact = jnp.take_along_axis(z, tok[:, None], axis=-1)[:, 0] - lse
-  return tok, exact, lpt - lp + exact, None
+  trainer's (`exact_token_logprobs`). Without truncation (the RL default)
+  the draw happens inside the head tile (`exact_sample`: one pass over V,
+  as the plain sampler); with it, the sampler's kept set is built from z
+  and logp_truncated keeps its log of the kept mass on top of logp_full."""
+  temp, top_k, top_p, min_p = sp[:, 0], sp[:, 1], sp[:, 2], sp[:, 3]
+
+  def truncated():
+    z, lse = exact_lib.exact_logits(model, hidden, temp)
+    unit = sp.at[:, 0].set(1.0)  # z is already divided by τ
+    tok, lp, lpt, _ = sample_rows(keys, z, unit)
+    exact = jnp.take_along_axis(z, tok[:, None], axis=-1)[:, 0] - lse
+    return tok, exact, lpt - lp + exact
+
+  def untruncated():
+    tok, exact = exact_lib.exact_sample(model, hidden, temp, keys)
+    return tok, exact, exact
+
+  truncates = jnp.any((top_k > 0) | (top_p < 1.0) | (min_p > 0.0))
+  tok, exact, lpt = jax.lax.cond(truncates, truncated, untruncated)
+  return tok, exact, lpt, None
 
 
 def exact_forward(model, tokens, store, index, extent):
@@ -113,7 +126,12 @@ def exact_forward(model, tokens, store, index, extent):
   pos = index[:, None] + jnp.arange(length, dtype=jnp.int32)
   row = jnp.broadcast_to(jnp.arange(r, dtype=jnp.int32)[:, None], (r, length))
   hidden, store, experts = exact_lib.exact_hidden(
-    model, tokens.reshape(-1), pos.reshape(-1), row.reshape(-1), store
+    model,
+    tokens.reshape(-1),
+    pos.reshape(-1),
+    row.reshape(-1),
+    store,
+    one_per_row=length == 1,
   )
   if experts is not None:
     experts = experts.reshape(r, length, *experts.shape[1:])
