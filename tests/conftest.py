@@ -43,6 +43,8 @@ _FRAMEWORKS = (
   'dynamic_sampling',
   'overlong',
   'vcpo',
+  # Torch re-enactments of TRL / verl distillation losses (tests/golden/distill).
+  'distill',
 )
 
 

@@ -26,7 +26,10 @@ from tests.helpers.tolerance import TOL_GOLDEN_FROM_LOGITS, assert_close
 FOLDER = pathlib.Path(__file__).resolve().parents[2] / 'golden' / 'distill'
 INDEX = json.loads((FOLDER / 'index.json').read_text())
 DATA = dict(np.load(FOLDER / 'golden.npz'))
-CASES = [c['id'] for c in INDEX['cases']]
+CASES = [
+  pytest.param(c['id'], marks=pytest.mark.golden('distill'))
+  for c in INDEX['cases']
+]
 
 
 def _inputs():
@@ -84,6 +87,7 @@ def test_distill_golden(case):
       )
 
 
+@pytest.mark.golden('slime')
 def test_slime_opd_advantage():
   """slime `--use-opd --opd-type sglang`: the GRPO advantage minus
   `opd_kl_coef·(log_probs − teacher_log_probs)` on every response token,

@@ -23,8 +23,9 @@ from tests.helpers.tolerance import assert_close
 
 SLIME_SKIP = {
   'adv/grpo_opd': (
-    "slime's on-policy distillation term (use_opd, teacher log-probs) is not "
-    'part of docs/math/advantages.md'
+    "slime's on-policy distillation term (use_opd, teacher log-probs) is "
+    'losses.distill.reverse_kl_advantage, replayed in '
+    'tests/conformance/distill/test_distill.py'
   ),
 }
 SLIME_HOLE_RECURSION = {
