@@ -114,3 +114,30 @@ def test_slime_opd_advantage():
   assert_close(
     metrics['distill/reverse_kl'], kl[resp].mean(), what='reverse_kl'
   )
+
+
+@pytest.mark.golden('prime')
+def test_prime_legacy_teacher_kl_metric():
+  """prime-rl (bf71516c9) `teacher_tau`: its advantage term is
+  `τ·(teacher − trainer)` per token and `teacher_kl` its per-sample masked
+  mean, i.e. minus jaxcorr's k1 reverse KL of that row. The loss itself
+  also carries legacy `kl_tau`, which is not expressible (prime tests)."""
+  gs = gd.load('prime')
+  case = gs.case('legacy/default_loss_fn/teacher_tau0.5')
+  kw, out = gs.kwargs(case), gs.outputs(case)
+  lengths = gs.dataset()['lengths']
+  t = int(lengths.max())
+
+  def rows(flat):
+    return jnp.asarray(ar.unpack(np.asarray(flat), lengths, t))
+
+  cur, teacher = rows(kw['trainer_logprobs']), rows(kw['ref_logprobs'])
+  mask = rows(kw['loss_mask']) > 0
+
+  def one(s, te, m):
+    return distill.reverse_kl_advantage(s[None], te[None], m[None])[1]
+
+  metrics = jax.vmap(one)(cur, teacher, mask)
+  assert_close(
+    -metrics['distill/reverse_kl'], out['metric/teacher_kl'], what='kl'
+  )
