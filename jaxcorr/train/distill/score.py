@@ -35,9 +35,12 @@ from jaxcorr.train.batch import TrainBatch
 
 def _teacher_run(run: Any) -> Any:
   """`run` as the teacher reads it: every token's full log-prob (no kept
-  sets: those are the student's sampling support) and no LoRA."""
+  sets: those are the student's sampling support), no LoRA, and an MoE
+  teacher routing by itself (the batch's recorded routing is the
+  student's)."""
   rollout = dataclasses.replace(run.rollout, logprob_mode='full')
-  return dataclasses.replace(run, rollout=rollout, lora=LoraConfig())
+  moe = dataclasses.replace(run.moe, router_replay='none')
+  return dataclasses.replace(run, rollout=rollout, lora=LoraConfig(), moe=moe)
 
 
 def teacher_logp(
