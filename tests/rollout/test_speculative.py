@@ -3,6 +3,8 @@ random model: the first two tokens' joint frequencies over many rows fit the
 target's processed distribution (chi-square), greedy ids equal
 non-speculative greedy, μ is the target's log-prob, bad configs fail."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,7 +34,9 @@ CONTEXT = [
   6,
 ]  # x0 = 7 follows: the n-gram draft has a match
 X0 = 7
-SP = SamplingParams(temperature=0.7, top_k=4, top_p=0.95)
+TRUNCATED = SamplingParams(temperature=0.7, top_k=4, top_p=0.95)
+# No truncation: only the frequencies can tell a wrong acceptance rule.
+TEMPERATURE = SamplingParams(temperature=0.5)
 ROWS = 4096
 
 
@@ -41,27 +45,30 @@ def model():
   return random_model(tiny_config())
 
 
-def _processed(model, tokens):
+def _processed(model, tokens, sp):
   """The engine's sampling distribution after `tokens` (independent of
   speculative.py: softmax(z / τ) on `sampling.support`, renormalised)."""
   z = model(jnp.asarray([tokens]))[0, -1].astype(jnp.float32)
-  keep = sampling.support(z, SP.temperature, SP.top_k, SP.top_p, SP.min_p)
-  w = np.where(keep, jax.nn.softmax(z / SP.temperature), 0.0)
+  keep = sampling.support(z, sp.temperature, sp.top_k, sp.top_p, sp.min_p)
+  w = np.where(keep, jax.nn.softmax(z / sp.temperature), 0.0)
   return w / w.sum()
 
 
-def _expected_pairs(model):
-  """P(x1, x2) over the kept pairs after CONTEXT + [X0]."""
-  p1 = _processed(model, [*CONTEXT, X0])
-  out = {}
-  for a in np.flatnonzero(p1):
-    p2 = _processed(model, [*CONTEXT, X0, int(a)])
-    for b in np.flatnonzero(p2):
-      out[int(a), int(b)] = p1[a] * p2[b]
+@functools.cache
+def _expected(model, sp, depth):
+  """P(x1, .., x_depth) over the kept sequences after CONTEXT + [X0]."""
+  out = {(): 1.0}
+  for _ in range(depth):
+    grown = {}
+    for seq, prob in out.items():
+      p = _processed(model, [*CONTEXT, X0, *seq], sp)
+      for b in np.flatnonzero(p):
+        grown[(*seq, int(b))] = prob * p[b]
+    out = grown
   return out
 
 
-def _two_tokens(model, spec):
+def _two_tokens(model, spec, sp):
   """ROWS independent continuations of CONTEXT + [X0], two tokens each,
   by the speculative chunk (spec) or the plain one (None)."""
   cfg = model.config
@@ -89,7 +96,7 @@ def _two_tokens(model, spec):
     tokens=jnp.full((ROWS,), X0, jnp.int32),
     steps=jnp.ones((ROWS,), jnp.int32),
     keys=keys.astype(jnp.uint32),
-    sampling=jnp.tile(pack_sampling(SP), (ROWS, 1)),
+    sampling=jnp.tile(pack_sampling(sp), (ROWS, 1)),
     limit=jnp.full((ROWS,), 100, jnp.int32),
     active=live,
     history=state.history.at[:, : len(CONTEXT)].set(ctx),
@@ -123,8 +130,8 @@ def _chi2_pvalue(tokens, expected):
   probs = np.array([expected[c] for c in cells], np.float64)
   index = {c: i for i, c in enumerate(cells)}
   counts = np.zeros(len(cells) + 1)
-  for a, b in tokens:
-    counts[index.get((int(a), int(b)), len(cells))] += 1
+  for row in tokens:
+    counts[index.get(tuple(int(x) for x in row), len(cells))] += 1
   assert counts[-1] == 0, 'a pair outside the kept sets was sampled'
   exp = probs * len(tokens)
   # Pool the cells expected < 5 times (the chi-square approximation).
@@ -138,21 +145,29 @@ def _chi2_pvalue(tokens, expected):
   return stats.chisquare(obs, exp).pvalue
 
 
+NGRAM = SpeculativeConfig(draft='ngram', k=3)
+LAYERS = SpeculativeConfig(draft='layers', k=3, draft_layers=1)
+
+
 @pytest.mark.parametrize(
-  'spec',
+  'spec, sp, depth',
   [
-    None,
-    SpeculativeConfig(draft='ngram', k=3),
-    SpeculativeConfig(draft='layers', k=3, draft_layers=1),
+    (None, TRUNCATED, 2),
+    (NGRAM, TRUNCATED, 2),
+    (LAYERS, TRUNCATED, 2),
+    (NGRAM, TEMPERATURE, 1),
+    (LAYERS, TEMPERATURE, 1),
   ],
-  ids=['plain', 'ngram', 'layers'],
+  ids=['plain', 'ngram', 'layers', 'ngram-tau', 'layers-tau'],
 )
-def test_two_token_frequencies_fit_the_processed_target(model, spec):
-  tokens, lpt = _two_tokens(model, spec)
-  expected = _expected_pairs(model)
-  assert _chi2_pvalue(tokens, expected) > 1e-3
+def test_token_frequencies_fit_the_processed_target(model, spec, sp, depth):
+  """Joint frequencies of the first `depth` tokens vs the target's
+  processed distribution (chi-square over 4096 rows, fixed keys)."""
+  tokens, lpt = _two_tokens(model, spec, sp)
+  expected = _expected(model, sp, depth)
+  assert _chi2_pvalue(tokens[:, :depth], expected) > 1e-3
   # μ: the target's processed (truncated) log-prob of each emitted token.
-  p1 = _processed(model, [*CONTEXT, X0])
+  p1 = _processed(model, [*CONTEXT, X0], sp)
   np.testing.assert_allclose(lpt[:, 0], np.log(p1[tokens[:, 0]]), atol=2e-5)
 
 
