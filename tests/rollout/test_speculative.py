@@ -21,6 +21,7 @@ from jaxcorr.rollout.speculative import (
   spec_chunk,
 )
 from jaxcorr.rollout.state import SamplingParams, pack_sampling
+from jaxcorr.train.rollouts.config import RolloutConfig
 from tests.helpers.model_testing import random_model, tiny_config
 
 CONTEXT = [
@@ -216,3 +217,21 @@ def test_bad_configs_fail_at_construction(model, spec, kw, match):
       speculative=SpeculativeConfig(**spec),
       **kw,
     )
+
+
+@pytest.mark.parametrize(
+  'fields, match',
+  [
+    (dict(speculative_draft='eagle'), 'speculative_draft'),
+    (dict(speculative_draft='ngram', speculative_k=0), 'speculative_k'),
+    (dict(speculative_draft='ngram', exact=True), r'\.exact'),
+    (
+      dict(speculative_draft='layers', logprob_mode='replay'),
+      r'\.logprob_mode',
+    ),
+  ],
+)
+def test_rollout_config_rejects_what_speculation_cannot_run(fields, match):
+  with pytest.raises(ValueError, match=match):
+    RolloutConfig(**fields)
+  assert RolloutConfig(speculative_draft='ngram').speculative_k == 4

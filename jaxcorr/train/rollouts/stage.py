@@ -36,6 +36,7 @@ from jaxcorr.data.tasks import Example
 from jaxcorr.rewards import RewardScorer
 from jaxcorr.rollout import RolloutBatch, driver
 from jaxcorr.rollout.engine import PolicyEngine
+from jaxcorr.rollout.speculative import SpeculativeConfig
 from jaxcorr.rollout.state import SamplingParams
 from jaxcorr.train.rollouts.weights import quant_spec
 from jaxcorr.train.run_config import RunConfig
@@ -103,6 +104,12 @@ def make_engine(run: RunConfig, policy: Any, mesh: Any) -> PolicyEngine:
     quantization=quant_spec(r),
     kv_cache_dtype=r.kv_cache_dtype,
     exact=r.exact,
+    speculative=SpeculativeConfig(
+      draft=r.speculative_draft,
+      k=r.speculative_k,
+      ngram=r.speculative_ngram,
+      draft_layers=r.speculative_draft_layers,
+    ),
   )
 
 
