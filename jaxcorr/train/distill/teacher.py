@@ -97,17 +97,9 @@ def model_config(src: TeacherSource, dtype: str) -> Any:
   )
 
 
-def tokenizer_identity(
-  src: TeacherSource | None, model: ModelConfig, data_tokenizer: str
-) -> str:
-  """What makes two models share token ids: the hash of the HF tokenizer
-  files, or the scratch tokenizer's kind."""
-  if src is not None and src.kind == 'workdir':
-    run = _run_config(src)
-    hf = run.model.hf_path
-    inner = TeacherSource(hf, 'hf') if hf else None
-    return tokenizer_identity(inner, model, run.data.tokenizer)
-  hf_path = src.path if src is not None else model.hf_path
+def tokenizer_identity(hf_path: str, data_tokenizer: str) -> str:
+  """What makes two models share token ids: the hash of an HF model's
+  tokenizer files, or the scratch tokenizer's kind (`data.tokenizer`)."""
   if not hf_path:
     return f'scratch:{data_tokenizer}'
   digest = hashlib.sha256()
@@ -119,6 +111,15 @@ def tokenizer_identity(
       with open(file, 'rb') as f:
         digest.update(f.read())
   return f'hf:{digest.hexdigest()}' if found else f'hf-no-tokenizer:{hf_path}'
+
+
+def _teacher_tokenizer(src: TeacherSource) -> str:
+  if src.kind == 'hf':
+    return tokenizer_identity(src.path, '')
+  run = _run_config(src)
+  return tokenizer_identity(
+    run.model.get('hf_path', ''), run.get('data', {}).get('tokenizer', 'chars')
+  )
 
 
 def check_compatible(
@@ -227,11 +228,14 @@ def check_for_run(run: Any) -> tuple[TeacherSource, Any]:
         FIELD, cfg.teacher, 'a full-weight workdir or an HF directory',
         'a LoRA run: python -m jaxcorr.export it merged first',
       )  # fmt: skip
-  t_cfg = model_config(src, cfg.teacher_dtype)
+  try:
+    t_cfg = model_config(src, cfg.teacher_dtype)
+  except (OSError, ValueError) as e:  # its base model gone, a bad config
+    why = str(e).splitlines()[0]
+    fail(FIELD, cfg.teacher, 'a teacher whose model config loads', why)
   s_cfg = transformer_config(run.model)
-  student_tok = tokenizer_identity(None, run.model, run.data.tokenizer)
-  teacher_tok = tokenizer_identity(src, run.model, run.data.tokenizer)
-  check_compatible(src, t_cfg, s_cfg, student_tok, teacher_tok)
+  student_tok = tokenizer_identity(run.model.hf_path, run.data.tokenizer)
+  check_compatible(src, t_cfg, s_cfg, student_tok, _teacher_tokenizer(src))
   return src, t_cfg
 
 

@@ -91,3 +91,11 @@ def test_multi_teacher_routing():
   np.testing.assert_array_equal(ids, [1, 0, 1])
   with pytest.raises(ValueError, match=r"config\.distill.*'chat'"):
     score.teacher_index(['chat'], ['code', 'math'])
+
+
+def test_scratch_workdir_teacher_has_its_own_tokenizer_identity(tmp_path):
+  """A scratch-model workdir's ids are its data.tokenizer's, never the
+  student's HF tokenizer (whatever the student is)."""
+  src = teacher.resolve(_workdir(tmp_path / 't'))
+  assert teacher._teacher_tokenizer(src) == 'scratch:chars'
+  assert teacher.tokenizer_identity('', 'bytes') == 'scratch:bytes'
