@@ -23,6 +23,7 @@ from jaxcorr.rollout.speculative import (
 from jaxcorr.rollout.state import SamplingParams, pack_sampling
 from jaxcorr.train.rollouts.config import RolloutConfig
 from tests.helpers.model_testing import random_model, tiny_config
+from tests.rollout import test_engine as contract
 
 CONTEXT = [
   5,
@@ -235,3 +236,28 @@ def test_rollout_config_rejects_what_speculation_cannot_run(fields, match):
   with pytest.raises(ValueError, match=match):
     RolloutConfig(**fields)
   assert RolloutConfig(speculative_draft='ngram').speculative_k == 4
+
+
+@pytest.fixture(scope='module', params=['ngram', 'layers'])
+def spec_engine(request, model):
+  return PolicyEngine(
+    model,
+    max_concurrent_decodes=3,
+    max_prefill_length=contract._PF,
+    max_target_length=contract._TL,
+    speculative=SpeculativeConfig(draft=request.param, k=3),
+  )
+
+
+@pytest.mark.parametrize(
+  'temperature, top_k, top_p', [(1.0, 0, 1.0), (0.6, 5, 0.9)]
+)
+def test_engine_contract_holds_with_speculation(
+  spec_engine, model, temperature, top_k, top_p
+):
+  """tests/rollout/test_engine.py's contract test (validation, μ equal to
+  the trainer's full and truncated log-probs, tokens inside the kept set)
+  on a speculative engine."""
+  contract.test_logprobs_match_the_trainer(
+    spec_engine, model, temperature, top_k, top_p
+  )
