@@ -55,6 +55,10 @@ from jaxcorr.model.transformer import mask_padded_vocab
 TILE = 64
 """Tokens per tile: every token-wise GEMM of exact mode is [TILE, D] x [D, F]."""
 
+KEY_BLOCK = 32
+"""Keys per attention block (`_attend`): a query's cost follows its
+position in steps of KEY_BLOCK, not the store's extent."""
+
 _NEG_INF = float(np.finfo(np.float32).min)
 
 Store = tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]
@@ -99,42 +103,63 @@ def _qkv(layer: Any, inv_freq: np.ndarray):
   return fn
 
 
-def _attend(precision: Any):
-  """Tile fn: (q [t, H, Dh], pos [t], k, v [t, K, S, Dh]: each query's
-  row of the store) -> [t, H, Dh], each query over its row's keys at
-  indices <= pos, all S of them scored."""
+def _attend(precision: Any, keys: jax.Array, values: jax.Array):
+  """Tile fn: (q [t, H, Dh], pos [t], row [t]) -> [t, H, Dh], each query
+  over its row's keys at indices <= pos, in blocks of `KEY_BLOCK` keys at
+  fixed positions [b B, (b + 1) B), one block after another (an online
+  softmax: running max m, sum l and Σ p v, rescaled by exp(m_old - m)),
+  up to the block holding the tile's last position.
 
-  def fn(q, pos, k, v):
-    k, v = k.astype(q.dtype), v.astype(q.dtype)
-    t, h, dh = q.shape
-    kv = k.shape[1]
-    q = q.reshape(t, kv, h // kv, dh)
-    scores = jnp.einsum(
-      'tkgd,tksd->tkgs',
-      q,
-      k,
-      precision=precision,
-      preferred_element_type=jnp.float32,
-    )
-    keep = jnp.arange(k.shape[2]) <= pos[:, None]  # [t, S]
-    scores = jnp.where(keep[:, None, None], scores * (dh**-0.5), _NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum(
-      'tkgs,tksd->tkgd', probs.astype(v.dtype), v, precision=precision
-    )
-    return out.reshape(t, h, dh)
+  Why blocks: every block is the same [t, K, B, Dh] computation whatever
+  the store's extent S, and a block past a query's position adds exact
+  zeros (its scores are masked, exp gives 0, the rescale is exp(0) = 1),
+  so a query's bits do not depend on how many blocks its tile runs:
+  attention costs the positions in use, not S (a prompt's prefill reads
+  its prompt's blocks, not the cache length)."""
+  width = keys.shape[2]
 
-  return fn
-
-
-def _gathered(precision: Any, keys: jax.Array, values: jax.Array):
-  """`_attend` for tokens of any rows: each tile gathers its queries'
-  rows of the store ([t, K, S, Dh] copied per tile)."""
-  attend = _attend(precision)
+  def fetch(store, row, idx):  # [t, K, B, Dh]; indices past S are masked
+    block = store.at[row[:, None], :, idx[None, :]].get(mode='clip')
+    return jnp.moveaxis(block, 1, 2)
 
   def fn(q, pos, row):
-    take = lambda s: jnp.take(s, row, axis=0, mode='clip')  # noqa: E731
-    return attend(q, pos, take(keys), take(values))
+    t, h, dh = q.shape
+    kv = keys.shape[1]
+    q = q.reshape(t, kv, h // kv, dh)
+
+    def body(carry):
+      b, m, total, acc = carry
+      idx = b * KEY_BLOCK + jnp.arange(KEY_BLOCK)
+      k = fetch(keys, row, idx).astype(q.dtype)
+      v = fetch(values, row, idx).astype(q.dtype)
+      scores = jnp.einsum(
+        'tkgd,tksd->tkgs',
+        q,
+        k,
+        precision=precision,
+        preferred_element_type=jnp.float32,
+      )
+      keep = (idx <= pos[:, None]) & (idx < width)  # [t, B]
+      scores = jnp.where(keep[:, None, None], scores * (dh**-0.5), _NEG_INF)
+      new_m = jnp.maximum(m, jnp.max(scores, axis=-1))
+      scale = jnp.exp(m - new_m)
+      p = jnp.exp(scores - new_m[..., None])
+      pv = jnp.einsum(
+        'tkgs,tksd->tkgd',
+        p.astype(v.dtype),
+        v,
+        precision=precision,
+        preferred_element_type=jnp.float32,
+      )
+      total = total * scale + jnp.sum(p, axis=-1)
+      return b + 1, new_m, total, acc * scale[..., None] + pv
+
+    blocks = jnp.max(pos) // KEY_BLOCK + 1
+    stat = jnp.full(q.shape[:3], _NEG_INF, jnp.float32)
+    init = (jnp.int32(0), stat, jnp.zeros_like(stat))
+    init += (jnp.zeros(q.shape, jnp.float32),)
+    _, _, total, acc = jax.lax.while_loop(lambda c: c[0] < blocks, body, init)
+    return (acc / total[..., None]).astype(q.dtype).reshape(t, h, dh)
 
   return fn
 
@@ -156,22 +181,16 @@ def _residual(layer: Any):
   return fn
 
 
-def _layer(layer, x, pos, row, kv, inv_freq, precision, one_per_row):
+def _layer(layer, x, pos, row, kv, inv_freq, precision):
   """One decoder layer over tokens [M]; writes their k/v into the store
   (rows >= R are dropped: padding tokens) before attending. Returns (x,
-  the store, experts [M, k] or None). `one_per_row`: token i is row i's
-  only token (a decode step, M = R), so each query tile reads its rows of
-  the store in place (a reshape, no copy when M is a multiple of the
-  tile): the same [tile, K, S, Dh] operands as the gather gives."""
+  the store, experts [M, k] or None)."""
   q, k, v = token_tiles(_qkv(layer, inv_freq), x, pos)
   keys, values = (
     s.at[row, :, pos].set(new.astype(s.dtype), mode='drop')
     for s, new in zip(kv, (k, v))
   )
-  if one_per_row:
-    o = token_tiles(_attend(precision), q, pos, keys, values)
-  else:
-    o = token_tiles(_gathered(precision, keys, values), q, pos, row)
+  o = token_tiles(_attend(precision, keys, values), q, pos, row)
   x, experts = token_tiles(_residual(layer), x, o)
   return x, (keys, values), experts
 
@@ -182,23 +201,19 @@ def exact_hidden(
   pos: jax.Array,
   row: jax.Array,
   kv: Store,
-  one_per_row: bool = False,
 ) -> tuple[jax.Array, Store, jax.Array | None]:
   """tokens, pos, row [M] (a token, its position in its sequence, its
   sequence's row of the store; row >= R: padding, neither stored nor
   read) -> (hidden [M, D] before the final norm, the store with every
   token's keys/values written, the MoE layers' experts [M, L_moe, k] or
-  None for a dense policy). `one_per_row` (static): row = arange(M), M =
-  R (a decode step): attention reads the store without a gather."""
+  None for a dense policy)."""
   cfg = model.config
   inv_freq = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
   precision = matmul_precision(cfg)
   x = embed_rows(model.embed.get_value(), tokens, cfg.dtype)
   new_k, new_v, experts = [], [], []
   for layer, k, v in zip(model.layer_list(), *kv):
-    x, (k, v), e = _layer(
-      layer, x, pos, row, (k, v), inv_freq, precision, one_per_row
-    )
+    x, (k, v), e = _layer(layer, x, pos, row, (k, v), inv_freq, precision)
     new_k.append(k)
     new_v.append(v)
     if e is not None:

@@ -131,7 +131,6 @@ def exact_forward(model, tokens, store, index, extent):
     pos.reshape(-1),
     row.reshape(-1),
     store,
-    one_per_row=length == 1,
   )
   if experts is not None:
     experts = experts.reshape(r, length, *experts.shape[1:])
