@@ -18,6 +18,7 @@ from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.speculative import (
   SpeculativeConfig,
   SpeculativeLayout,
+  ngram_draft,
   spec_chunk,
 )
 from jaxcorr.rollout.state import SamplingParams, pack_sampling
@@ -261,3 +262,14 @@ def test_engine_contract_holds_with_speculation(
   contract.test_logprobs_match_the_trainer(
     spec_engine, model, temperature, top_k, top_p
   )
+
+
+def test_ngram_draft_proposes_the_latest_continuation():
+  """Row 0: context 5 6 7 5 6 | 7: the 2-gram (6, 7) last occurred ending
+  at position 2, so the draft is 5 6 7 then (past the context) the last
+  token. Row 1: no earlier (3, 9): the last token repeated."""
+  hist = jnp.zeros((2, 12), jnp.int32)
+  hist = hist.at[0, :5].set(jnp.asarray([5, 6, 7, 5, 6]))
+  hist = hist.at[1, :3].set(jnp.asarray([1, 2, 3]))
+  got = ngram_draft(hist, jnp.asarray([5, 3]), jnp.asarray([7, 9]), k=4, n=2)
+  np.testing.assert_array_equal(got, [[5, 6, 7, 7], [9, 9, 9, 9]])
