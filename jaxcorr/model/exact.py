@@ -18,17 +18,22 @@ What this module does instead, for every token whatever its batch:
                        a tile (checked for M in 1..512, fp32 and bf16);
     attention          each query reads its own sequence's keys from a
                        per-row store [R, K, S, Dh] where position j sits at
-                       key index j, S fixed (the engine's cache length);
-                       masked keys get exact zeros, softmax over all S;
-                       queries in tiles of TILE as above;
+                       key index j, in blocks of `KEY_BLOCK` keys at fixed
+                       positions with an online softmax, up to the block of
+                       the tile's last position: a block past a query's
+                       position adds exact zeros, so the bits do not depend
+                       on S or on how many blocks run (`_attend`); queries
+                       in tiles of TILE as above;
     log-softmax        logits / τ and their logsumexp inside the head tile,
-                       float32 (`exact_logits`).
+                       float32 (`exact_logits`); the engine's untruncated
+                       draw happens there too (`exact_sample`).
 
 The engine (jaxcorr/rollout/decode.py) decodes with `exact_hidden` over its
-cache and samples from `exact_logits`; the trainer scores with
-`exact_token_logprobs` over stores of the same extent. The cost: token-wise
-work padded to whole tiles and attention over all S keys for every query
-(no `attend_len` bucket).
+cache and samples with `exact_sample` (`exact_logits` when it truncates);
+the trainer scores with `exact_token_logprobs` over stores of the same
+extent. The cost: token-wise work padded to whole tiles (a decode step of
+N < TILE live slots still computes TILE rows), attention in whole blocks
+of KEY_BLOCK positions, an MoE layer's every expert per token.
 """
 
 from __future__ import annotations
@@ -53,7 +58,9 @@ from jaxcorr.model.quantized_weights import embed_rows, project
 from jaxcorr.model.transformer import mask_padded_vocab
 
 TILE = 64
-"""Tokens per tile: every token-wise GEMM of exact mode is [TILE, D] x [D, F]."""
+"""Tokens per tile: every token-wise GEMM of exact mode is [TILE, D] x [D, F].
+64 = a 64-slot engine's decode step in one tile (bench/exact.py: 8-64 cost
+the same on the CPU bench model; 64 halves the loop trips of 32)."""
 
 KEY_BLOCK = 32
 """Keys per attention block (`_attend`): a query's cost follows its

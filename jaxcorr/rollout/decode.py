@@ -33,8 +33,9 @@ attention kernel would go (docs/rollout.md).
 
 Exact mode (`exact_extent` > 0, the cache length; `rollout.exact`): prefill,
 step and refill run `jaxcorr.model.exact` instead (fixed token tiles,
-attention over every cache slot), tokens are drawn from its logits and
-logp_full is its log-softmax: the bits the trainer's exact scoring gives.
+attention in fixed key blocks up to the tile's last position, so
+`attend_len` is unused), tokens are drawn from its logits and logp_full is
+its log-softmax: the bits the trainer's exact scoring gives.
 """
 
 from __future__ import annotations

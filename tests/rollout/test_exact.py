@@ -247,6 +247,24 @@ def test_tokens_are_drawn_from_the_exact_logits():
     assert greedy[i, p - 1 : len(seq) - 1].tolist() == seq[p:], i
 
 
+def test_log_probs_do_not_depend_on_the_key_extent():
+  """The same rows scored over stores of 11 and 97 positions: the same
+  bits. What lets attention run only the key blocks up to a tile's last
+  position (a prompt's prefill, a short row) instead of the whole cache,
+  and stay exact."""
+  seqs = (list(range(3, 14)), [7, 8], [9] * 6)
+  rows, segs = np.zeros((3, 11), np.int32), np.zeros((3, 11), np.int32)
+  for i, seq in enumerate(seqs):
+    rows[i, : len(seq)], segs[i, : len(seq)] = seq, 1
+  score = nnx.jit(exact_lib.exact_token_logprobs, static_argnums=4)
+  short, long = (
+    np.asarray(score(_model(), rows, segs, jnp.full((3,), 0.8), s)[0])
+    for s in (11, 97)
+  )
+  real = segs[:, 1:] == 1
+  assert np.array_equal(short[real], long[real])
+
+
 def test_exact_mode_is_refused_where_it_cannot_hold():
   model = _model()
   with pytest.raises(ValueError, match='kv_cache_dtype'):
