@@ -71,7 +71,7 @@ def _expected(model, sp, depth):
   return out
 
 
-def _two_tokens(model, spec, sp):
+def _continue(model, spec, sp, steps=2):
   """ROWS independent continuations of CONTEXT + [X0], two tokens each,
   by the speculative chunk (spec) or the plain one (None)."""
   cfg = model.config
@@ -80,7 +80,7 @@ def _two_tokens(model, spec, sp):
     slots=ROWS,
     max_prefill=16,
     max_target=32,
-    chunk_steps=2,
+    chunk_steps=steps,
     min_attend_bucket=32,
     kept_capacity=0,
     mesh=None,
@@ -111,7 +111,9 @@ def _two_tokens(model, spec, sp):
       static_argnums=(0,),
       static_argnames=('num_steps', 'attend_len'),
     )
-    _, chunk = fn(graphdef, params, state, stop, 0, num_steps=2, attend_len=32)
+    _, chunk = fn(
+      graphdef, params, state, stop, 0, num_steps=steps, attend_len=32
+    )
   else:
     _, chunk = spec_chunk(
       graphdef,
@@ -119,13 +121,13 @@ def _two_tokens(model, spec, sp):
       state,
       stop,
       0,
-      num_steps=2,
+      num_steps=steps,
       attend_len=32,
       spec=spec,
       cache_len=lay.cache_len,
     )
-  assert np.all(np.asarray(chunk.counts) == 2)
-  return np.asarray(chunk.tokens), np.asarray(chunk.logp_truncated)
+  assert np.all(np.asarray(chunk.counts) == steps)
+  return chunk
 
 
 def _chi2_pvalue(tokens, expected):
@@ -166,7 +168,8 @@ LAYERS = SpeculativeConfig(draft='layers', k=3, draft_layers=1)
 def test_token_frequencies_fit_the_processed_target(model, spec, sp, depth):
   """Joint frequencies of the first `depth` tokens vs the target's
   processed distribution (chi-square over 4096 rows, fixed keys)."""
-  tokens, lpt = _two_tokens(model, spec, sp)
+  chunk = _continue(model, spec, sp)
+  tokens, lpt = np.asarray(chunk.tokens), np.asarray(chunk.logp_truncated)
   expected = _expected(model, sp, depth)
   assert _chi2_pvalue(tokens[:, :depth], expected) > 1e-3
   # μ: the target's processed (truncated) log-prob of each emitted token.
@@ -273,3 +276,13 @@ def test_ngram_draft_proposes_the_latest_continuation():
   hist = hist.at[1, :3].set(jnp.asarray([1, 2, 3]))
   got = ngram_draft(hist, jnp.asarray([5, 3]), jnp.asarray([7, 9]), k=4, n=2)
   np.testing.assert_array_equal(got, [[5, 6, 7, 7], [9, 9, 9, 9]])
+
+
+def test_a_draft_equal_to_the_target_is_always_accepted(model):
+  """draft_layers = num_layers (the engine refuses it; the round does
+  not): q = p, so each round emits all k drafts and the bonus, one verify
+  forward for k + 1 tokens. A draft that proposed from a wrong cache or
+  position would be rejected here (and only cost speed elsewhere)."""
+  spec = SpeculativeConfig(draft='layers', k=3, draft_layers=2)
+  chunk = _continue(model, spec, TRUNCATED, steps=4)
+  assert int(chunk.steps) == 1
