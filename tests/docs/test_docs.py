@@ -326,9 +326,9 @@ def test_config_fields_named_in_the_docs_exist():
 
 
 def test_presets_named_in_the_docs_exist():
-  from configs import presets
+  from configs import opd, presets
 
-  known = set(presets.PRESETS) | {'pulse', 'OFF', 'off'}
+  known = set(presets.PRESETS) | set(opd.OPD_PRESETS) | {'pulse', 'OFF', 'off'}
   refs = set()
   for doc, text in _text().items():
     # A task config's config string (not `configs/x.py:function()`).
