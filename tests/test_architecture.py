@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
   ('jaxcorr.sampling',),
   ('jaxcorr.rollout',),
   ('jaxcorr.data', 'jaxcorr.rewards'),
-  ('jaxcorr.agents', 'jaxcorr.judge'),
+  ('jaxcorr.agents', 'jaxcorr.judge', 'jaxcorr.endpoint', 'jaxcorr.hubs'),
   ('jaxcorr.train',),
   (
     'jaxcorr.lab',

@@ -44,12 +44,8 @@ import verifiers.v1 as vf
 from verifiers.v1.dialects.chat import message_to_wire
 from verifiers.v1.utils import loaders
 
-from jaxcorr.endpoint.environment import (
-  AgentCall,
-  EndpointSettings,
-  http_client,
-  register_agent,
-)
+from jaxcorr.endpoint import AgentCall, EndpointSettings, register_agent
+from jaxcorr.endpoint.environment import http_client
 
 HARNESS = 'jaxcorr_inprocess_harness'  # InProcessHarness's plugin id
 
