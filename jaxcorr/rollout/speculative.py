@@ -47,7 +47,12 @@ from flax import nnx
 from jaxcorr import sampling
 from jaxcorr.model import KVCache
 from jaxcorr.rollout import decode, layout
-from jaxcorr.rollout.state import Chunk, DecodeState
+from jaxcorr.rollout.state import (
+  Chunk,
+  DecodeState,
+  SamplingParams,
+  pack_sampling,
+)
 
 DRAFTS = ('off', 'ngram', 'layers')
 
@@ -368,8 +373,6 @@ class SpeculativeLayout(layout.Layout):
     return self.max_target + self.speculative.k + 1
 
   def empty_state(self) -> DecodeState:
-    from jaxcorr.rollout.state import SamplingParams, pack_sampling
-
     state = decode.init_state(
       self.config,
       self.slots,

@@ -191,12 +191,19 @@ def _engine(model, spec=None):
   )
 
 
+GREEDY = dict(max_new_tokens=20, top_k=1, stop_token_ids=(1, 2))
+
+
+@pytest.fixture(scope='module')
+def plain_greedy(model):
+  return driver.generate(_engine(model), PROMPTS, **GREEDY)
+
+
 @pytest.mark.parametrize('draft', ['ngram', 'layers'])
-def test_greedy_ids_equal_plain_greedy(model, draft):
-  kw = dict(max_new_tokens=20, top_k=1, stop_token_ids=(1, 2))
-  base = driver.generate(_engine(model), PROMPTS, **kw)
+def test_greedy_ids_equal_plain_greedy(model, plain_greedy, draft):
+  base = plain_greedy
   spec = SpeculativeConfig(draft=draft, k=3)
-  got = driver.generate(_engine(model, spec), PROMPTS, **kw)
+  got = driver.generate(_engine(model, spec), PROMPTS, **GREEDY)
   np.testing.assert_array_equal(got.response_tokens, base.response_tokens)
   np.testing.assert_array_equal(got.response_mask, base.response_mask)
   np.testing.assert_allclose(got.rollout_logp, base.rollout_logp, atol=1e-5)
