@@ -12,8 +12,8 @@ parameter may be a scalar or one value per row (continuous batching mixes
 requests with different settings in one decode step). Greedy decoding is
 `top_k=1`: the kept set is the argmax (ties to the lower id).
 
-Every log-prob leaves through `jaxcorr.model.logprobs.nonpositive` (the
-engine's here, the trainer's there): rounding can put log q a few ulps
+Every log-prob leaves through `nonpositive` (the engine's here, the
+trainer's in jaxcorr/model/logprobs.py): rounding can put log q a few ulps
 above 0 (the greedy kept mass log(exp(x)) ≠ x; one fusion dividing by τ
 differently from another), and a log-prob > 0 is no probability
 (MaxText #5231).
@@ -26,7 +26,13 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxcorr.model import nonpositive
+
+def nonpositive(logp: jax.Array) -> jax.Array:
+  """min(logp, 0) with gradient 1 wherever logp ≤ 0 (0 included) and 0
+  only where logp > 0; NaN and -inf pass through. `jnp.minimum` would halve
+  the gradient at a tie (logp == 0 exactly: a certain token), so this is a
+  `where`. The values clamped are rounding (a few ulps), never real mass."""
+  return jnp.where(logp > 0, jnp.zeros((), logp.dtype), logp)
 
 
 def _per_row(x: float | jax.Array, batch_shape: tuple[int, ...], dtype):

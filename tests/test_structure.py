@@ -29,6 +29,29 @@ ALLOWED: dict[str, tuple[int, str]] = {
     'the two compiled functions of one run and what they close over; '
     "prepare's arguments grew by config.distill's teacher",
   ),
+  'jaxcorr/rollout/engine.py::PolicyEngine': (
+    290,
+    "JetStream's `engine_api.Engine` surface (prefill, insert, generate, "
+    'the tokenizer and sizing properties) plus the batched, exact and '
+    'speculative programs it routes to: one object the decoder and '
+    'JetStream both hold',
+  ),
+  'jaxcorr/train/loop.py::Trainer': (
+    270,
+    'the composition root of a run: it builds and owns every room '
+    '(engine, steps, teacher, judges, checkpoints, loggers, traces) and '
+    'runs the loop; each room does its own work',
+  ),
+  'jaxcorr/train/rollouts/config.py::RolloutConfig': (
+    320,
+    "the `rollout` section: each engine and producer field's default, rule "
+    'and doc declared once, and the cross-field checks between them',
+  ),
+  'jaxcorr/train/rollouts/stream.py::StreamRollouts': (
+    260,
+    'the stream producer: its thread, queue, in-flight swaps, staleness '
+    'policy and dynamic sampling back-fill share one state machine',
+  ),
 }
 """`'path'` (a file) or `'path::name'` (a class or function) -> (the most
 lines it may have, why it stays whole)."""

@@ -21,7 +21,6 @@ from jaxcorr.model.logprobs import (
   REMAT_MODES,
   logprobs_from_hidden,
   naive_token_logprobs,
-  nonpositive,
   token_logprobs,
 )
 from jaxcorr.model.transformer import KVCache, Transformer, segment_positions
@@ -38,7 +37,6 @@ __all__ = [
   'load_tokenizer',
   'logprobs_from_hidden',
   'naive_token_logprobs',
-  'nonpositive',
   'save_hf',
   'segment_positions',
   'token_logprobs',

@@ -254,7 +254,7 @@ def exact_sample(
     z, lse = _head(model, h, temp)
     _, e, size, sums = sampling.exp_blocks(z)
     y = sampling.draw_blocks(key, e, size, sums)
-    return y, _at(z, y) - lse
+    return y, sampling.nonpositive(_at(z, y) - lse)
 
   return token_tiles(fn, hidden, temperature.astype(jnp.float32), keys)
 
@@ -267,7 +267,7 @@ def exact_logprobs_at(
 
   def fn(h, temp, y):
     z, lse = _head(model, h, temp)
-    return _at(z, y) - lse
+    return sampling.nonpositive(_at(z, y) - lse)
 
   return token_tiles(fn, hidden, temperature.astype(jnp.float32), targets)
 

@@ -39,6 +39,7 @@ from jaxcorr.model.transformer import (
   entropy_terms,
   mask_padded_vocab,
 )
+from jaxcorr.sampling import nonpositive
 from jaxcorr.sharding import constrain
 
 DEFAULT_CHUNK = 128
@@ -50,14 +51,6 @@ DEFAULT_CHUNK = 128
 # one NVIDIA H200, second run"), for ~0.8 GB more at the backward's peak.
 REMAT_AUTO_BYTES = 512 * 2**20
 REMAT_MODES = ('auto', 'always', 'never')
-
-
-def nonpositive(logp: jax.Array) -> jax.Array:
-  """min(logp, 0) with gradient 1 wherever logp ≤ 0 (0 included) and 0
-  only where logp > 0; NaN and -inf pass through. `jnp.minimum` would halve
-  the gradient at a tie (logp == 0 exactly: a certain token), so this is a
-  `where`. The values clamped are rounding (a few ulps), never real mass."""
-  return jnp.where(logp > 0, jnp.zeros((), logp.dtype), logp)
 
 
 def remat_chunks(mode: str, batch: int, length: int, vocab: int) -> bool:

@@ -105,7 +105,8 @@ def sample_exact(keys, model, hidden, sp):
     unit = sp.at[:, 0].set(1.0)  # z is already divided by τ
     tok, lp, lpt, _ = sample_rows(keys, z, unit)
     exact = jnp.take_along_axis(z, tok[:, None], axis=-1)[:, 0] - lse
-    return tok, exact, lpt - lp + exact
+    exact = sampling.nonpositive(exact)  # as exact_logprobs_at clamps
+    return tok, exact, sampling.nonpositive(lpt - lp + exact)
 
   def untruncated():
     tok, exact = exact_lib.exact_sample(model, hidden, temp, keys)

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxcorr.model import logprobs_from_hidden, nonpositive
+from jaxcorr.model import logprobs_from_hidden
 from jaxcorr.rollout.decode import sample_rows
+from jaxcorr.sampling import nonpositive
 from tests.helpers.model_testing import random_model, random_tokens, tiny_config
 
 # A head this many times the random one makes the argmax certain at most
