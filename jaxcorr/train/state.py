@@ -100,8 +100,11 @@ def copy_tree(tree: Any) -> Any:
   the sharding (P('fsdp',) for P('fsdp', 'tensor')): equal in layout, yet
   another program for a jitted function that reads it, so a reference
   copied after SFT made a fresh run's `prepare` another program than a
-  restored run's (a miss in the persistent compile cache on resume)."""
-  return jax.device_put(tree, may_alias=False)
+  restored run's (a miss in the persistent compile cache on resume).
+  Each leaf goes to its own sharding, named: with no destination,
+  `device_put` refuses arrays that span other processes' devices."""
+  shardings = jax.tree.map(lambda x: x.sharding, tree)
+  return jax.device_put(tree, shardings, may_alias=False)
 
 
 def make_optimizer(
