@@ -314,7 +314,8 @@ class Trainer:
     self._warm_up()
     progress = metrics.ProgressLine(
       t.num_steps,
-      keys=('reward/mean', 'eval/accuracy', 'rollout_corr/kl'),
+      # k3, not the signed kl: the gap (the signed one can grow as it shrinks)
+      keys=('reward/mean', 'eval/accuracy', 'rollout_corr/k3_kl'),
       every=t.log_every,
     )
     self.source = source = make_rollouts(
