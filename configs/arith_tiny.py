@@ -19,6 +19,9 @@ steps (tests and smoke runs); the rest is any correction preset of
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import ml_collections
 
 from configs import base
@@ -90,12 +93,25 @@ def split(config_string: str | None) -> tuple[bool, str | None]:
   return False, s or None
 
 
-def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
+def task_config(
+  config_string: str | None,
+  apply: Callable[[ml_collections.ConfigDict], None],
+  **pulse_train: Any,
+) -> ml_collections.ConfigDict:
+  """A tiny task's config: the base config with `apply` (the task), then,
+  for `pulse+...`, the pulse sizes and `pulse_train` (train fields the
+  pulse must set otherwise, e.g. sft_steps=0 for a task without
+  demonstrations)."""
   pulse, preset = split(config_string)
 
   def task(config: ml_collections.ConfigDict) -> None:
-    apply_task(config)
+    apply(config)
     if pulse:
       apply_pulse(config)
+      config.train.update(pulse_train)
 
   return base.get_config(preset, task=task)
+
+
+def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
+  return task_config(config_string, apply_task)

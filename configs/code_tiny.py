@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import arith_tiny, base
+from configs import arith_tiny
 from jaxcorr.data.text import ByteTokenizer
 
 
@@ -46,12 +46,4 @@ def apply_task(config: ml_collections.ConfigDict) -> None:
 
 
 def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
-  pulse, preset = arith_tiny.split(config_string)
-
-  def task(config: ml_collections.ConfigDict) -> None:
-    apply_task(config)
-    if pulse:
-      arith_tiny.apply_pulse(config)
-      config.train.sft_steps = 0
-
-  return base.get_config(preset, task=task)
+  return arith_tiny.task_config(config_string, apply_task, sft_steps=0)

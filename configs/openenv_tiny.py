@@ -26,7 +26,7 @@ from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
 
-from configs import arith_tiny, base, env_tiny
+from configs import arith_tiny, env_tiny
 from jaxcorr.agents.environment import ENVIRONMENTS
 from jaxcorr.endpoint.server import ThreadedServer
 from jaxcorr.hubs.openenv_env import register_openenv
@@ -101,12 +101,4 @@ def apply_task(config: ml_collections.ConfigDict) -> None:
 
 
 def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
-  pulse, preset = arith_tiny.split(config_string)
-
-  def task(config: ml_collections.ConfigDict) -> None:
-    apply_task(config)
-    if pulse:
-      arith_tiny.apply_pulse(config)
-      config.train.sft_steps = 0
-
-  return base.get_config(preset, task=task)
+  return arith_tiny.task_config(config_string, apply_task, sft_steps=0)

@@ -27,7 +27,7 @@ import json
 
 import ml_collections
 
-from configs import arith_tiny, base
+from configs import arith_tiny
 from jaxcorr.data.text import ByteTokenizer
 
 TASK_CONFIG = {'min_terms': 2, 'max_terms': 2, 'min_digits': 1, 'max_digits': 1}
@@ -51,12 +51,4 @@ def apply_task(config: ml_collections.ConfigDict) -> None:
 
 
 def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
-  pulse, preset = arith_tiny.split(config_string)
-
-  def task(config: ml_collections.ConfigDict) -> None:
-    apply_task(config)
-    if pulse:
-      arith_tiny.apply_pulse(config)
-      config.train.sft_steps = 0
-
-  return base.get_config(preset, task=task)
+  return arith_tiny.task_config(config_string, apply_task, sft_steps=0)

@@ -31,7 +31,7 @@ import tempfile
 import ml_collections
 import verifiers.v1 as vf
 
-from configs import arith_tiny, base, env_tiny
+from configs import arith_tiny, env_tiny
 from jaxcorr.hubs.verifiers_env import plugin, register_verifiers
 
 NAME = 'verifiers_sum'
@@ -108,13 +108,6 @@ def apply_task(config: ml_collections.ConfigDict) -> None:
 
 
 def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
-  pulse, preset = arith_tiny.split(config_string)
-
-  def task(config: ml_collections.ConfigDict) -> None:
-    apply_task(config)
-    if pulse:
-      arith_tiny.apply_pulse(config)
-      config.train.sft_steps = 0
-      config.train.eval_every = 0
-
-  return base.get_config(preset, task=task)
+  return arith_tiny.task_config(
+    config_string, apply_task, sft_steps=0, eval_every=0
+  )
