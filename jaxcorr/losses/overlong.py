@@ -24,7 +24,7 @@ turn, jaxcorr/agents/trajectory.py) the trajectory hit the token budget,
   prompt) counts the same tokens.
 
 Both are pure jitted functions of arrays; the fields that turn them on are
-`OverlongKnobs`, declared here and inherited by the `reward` section
+the `reward` section's `mask_truncated_completions` and `overlong_*`
 (jaxcorr/rewards/config.py). Where they act (`penalty_at`):
 
 * `'reward'` (DAPO, verl, NeMo-RL, AReaL): the penalty is added to the
@@ -37,65 +37,22 @@ Both are pure jitted functions of arrays; the fields that turn them on are
 
 from __future__ import annotations
 
-import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jaxcorr.config.fields import (
-  boolean,
   fail,
-  integer,
-  number,
-  one_of,
-  setting,
 )
 from jaxcorr.losses import masked
 
 PENALTY_AT = ('reward', 'loss')
 
 
-@dataclasses.dataclass(frozen=True)
-class OverlongKnobs:
-  """The overlong-shaping fields (module docstring); the `reward` section
-  inherits them, so they read `config.reward.<field>`."""
-
-  mask_truncated_completions: bool = setting(
-    False,
-    boolean,
-    "TRL's mask_truncated_completions: a truncated row (finish LENGTH: "
-    'max_new_tokens, or a multi-turn max_turns / token budget) carries no '
-    'loss; it still counts in its group baseline.',
-  )
-  overlong_buffer_enable: bool = setting(
-    False,
-    boolean,
-    "DAPO's soft overlong penalty (verl reward_model.overlong_buffer."
-    'enable; NeMo-RL grpo.reward_shaping.enabled).',
-  )
-  overlong_buffer_len: int = setting(
-    0,
-    integer(0),
-    'DAPO cache length L_buf (verl overlong_buffer.len, NeMo-RL '
-    'overlong_buffer_length): the penalty ramps over the last L_buf tokens '
-    'of rollout.max_new_tokens; >= 1 and <= max_new_tokens when enabled.',
-  )
-  overlong_penalty_factor: float = setting(
-    1.0,
-    number(0),
-    'Penalty at the full length (verl overlong_buffer.penalty_factor, '
-    'NeMo-RL overlong_buffer_penalty); >= 0.',
-  )
-  overlong_penalty_at: str = setting(
-    'reward',
-    one_of(*PENALTY_AT),
-    "'reward': added to the score before the advantage estimator (DAPO); "
-    "'loss': added to the advantage after it (not normalised by the group).",
-  )
-
-
-def check_overlong(knobs: OverlongKnobs, path: str) -> None:
-  """Section rule: an enabled buffer needs `overlong_buffer_len >= 1`."""
+def check_overlong(knobs: Any, path: str) -> None:
+  """Section rule: an enabled buffer needs `overlong_buffer_len >= 1`
+  (`knobs`: the `reward` section, jaxcorr/rewards/config.py)."""
   if knobs.overlong_buffer_enable and knobs.overlong_buffer_len < 1:
     fail(
       f'{path}.overlong_buffer_len',
@@ -104,7 +61,7 @@ def check_overlong(knobs: OverlongKnobs, path: str) -> None:
     )
 
 
-def check_max_length(knobs: OverlongKnobs, max_len: int, path: str) -> None:
+def check_max_length(knobs: Any, max_len: int, path: str) -> None:
   """Start-up rule across sections: the buffer fits in the budget (verl
   asserts `max_resp_len >= overlong_buffer.len`)."""
   if knobs.overlong_buffer_enable and knobs.overlong_buffer_len > max_len:

@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxcorr.config.fields import number, one_of, setting, text, validate
-from jaxcorr.losses.overlong import OverlongKnobs, check_overlong
+from jaxcorr.config.fields import (
+  boolean,
+  integer,
+  number,
+  one_of,
+  setting,
+  text,
+  validate,
+)
+from jaxcorr.losses.overlong import PENALTY_AT, check_overlong
 
 
 @dataclasses.dataclass(frozen=True)
-class RewardConfig(OverlongKnobs):
+class RewardConfig:
   """Reward functions of `jaxcorr.rewards`, by name, and their time limits;
-  the overlong shaping of the scores (`OverlongKnobs`,
-  jaxcorr/losses/overlong.py)."""
+  the overlong shaping of the scores (jaxcorr/losses/overlong.py)."""
 
   functions: str = setting(
     'exact_match',
@@ -53,6 +60,39 @@ class RewardConfig(OverlongKnobs):
     'A function that fails (raises, returns a non-number) on more than this '
     'fraction of its rows in 3 scored batches in a row stops the run, naming '
     'it and its first failure. 1: never stop (failures score 0).',
+  )
+
+  mask_truncated_completions: bool = setting(
+    False,
+    boolean,
+    "TRL's mask_truncated_completions: a truncated row (finish LENGTH: "
+    'max_new_tokens, or a multi-turn max_turns / token budget) carries no '
+    'loss; it still counts in its group baseline.',
+  )
+  overlong_buffer_enable: bool = setting(
+    False,
+    boolean,
+    "DAPO's soft overlong penalty (verl reward_model.overlong_buffer."
+    'enable; NeMo-RL grpo.reward_shaping.enabled).',
+  )
+  overlong_buffer_len: int = setting(
+    0,
+    integer(0),
+    'DAPO cache length L_buf (verl overlong_buffer.len, NeMo-RL '
+    'overlong_buffer_length): the penalty ramps over the last L_buf tokens '
+    'of rollout.max_new_tokens; >= 1 and <= max_new_tokens when enabled.',
+  )
+  overlong_penalty_factor: float = setting(
+    1.0,
+    number(0),
+    'Penalty at the full length (verl overlong_buffer.penalty_factor, '
+    'NeMo-RL overlong_buffer_penalty); >= 0.',
+  )
+  overlong_penalty_at: str = setting(
+    'reward',
+    one_of(*PENALTY_AT),
+    "'reward': added to the score before the advantage estimator (DAPO); "
+    "'loss': added to the advantage after it (not normalised by the group).",
   )
 
   def __post_init__(self):

@@ -174,8 +174,8 @@ def keep_tokens(
 def overlong_shaping(
   batch: RolloutBatch, knobs: Any, max_len: int
 ) -> dict[str, np.ndarray]:
-  """The overlong shaping of a batch by `knobs` (`OverlongKnobs`, the
-  `reward` section; jaxcorr/losses/overlong.py), as numpy `[B]` arrays:
+  """The overlong shaping of a batch by `knobs` (the `reward` section's
+  overlong fields; jaxcorr/losses/overlong.py), as numpy `[B]` arrays:
   'truncated' (rows finished by LENGTH) when `mask_truncated_completions`,
   'penalty' (DAPO's, over the response-side tokens, the environment's
   included) when the buffer is enabled; neither when both are off."""
@@ -207,8 +207,8 @@ def assemble(
   max_len: int = 0,
 ) -> TrainBatch:
   """The device batch as numpy arrays (see the module docstring), B rows
-  rounded up to `row_multiple`; `overlong`: the `reward` section's
-  `OverlongKnobs` (None: no shaping), `max_len` its L_max."""
+  rounded up to `row_multiple`; `overlong`: the `reward` section (its
+  overlong fields; None: no shaping), `max_len` its L_max."""
   shaping = (
     {} if overlong is None else overlong_shaping(batch, overlong, max_len)
   )
