@@ -5,7 +5,7 @@ run is the usual command:
   python -m jaxcorr.main --config=configs/env_tiny.py --workdir=/tmp/guess
   python -m jaxcorr.main --config=configs/env_tiny.py:pulse ...
 
-'guess' (the environment of docs/agents.md, "Writing an environment"): the
+'guess_tiny' (the environment of docs/agents.md, "Writing an environment"): the
 row is an addition of the arithmetic task ('3+4='), the agent answers a
 number, and the environment replies 'higher' or 'lower' until the answer is
 right or `agent.max_turns` turns are spent. The reward is the exact match
@@ -47,7 +47,8 @@ from jaxcorr.agents.tool_calls import ToolCallFormat
 from jaxcorr.data.tasks import Example
 from jaxcorr.data.text import ByteTokenizer
 
-NAME = 'guess'
+# Not docs/agents.md's 'guess': both register in one test process.
+NAME = 'guess_tiny'
 MAX_OPERAND = 9  # answers 0..18: the expert needs at most 5 guesses
 MAX_TURNS = 5
 
@@ -102,7 +103,7 @@ register_once()
 
 
 def apply_task(config: ml_collections.ConfigDict) -> None:
-  """configs/arith_tiny.py's model and RL settings, over bytes, in 'guess'."""
+  """configs/arith_tiny.py's model and RL settings, over bytes, in 'guess_tiny'."""
   arith_tiny.apply_task(config)
   config.model.vocab_size = ByteTokenizer.vocab_size
   config.model.max_position_embeddings = 128
