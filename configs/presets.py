@@ -11,7 +11,7 @@ fields::
 
 Names:
 
-* the 29 presets of `PRESETS` (the first 19 carry verl's names and values;
+* the 30 presets of `PRESETS` (the first 19 carry verl's names and values;
   three use the stale-data losses `m2po`, `topr` and `cispo_rollout`
   (jaxcorr/losses/policy/ratio.py, jaxcorr/losses/policy/logprob.py), and
   `nemo_seq_logprob_error` NeMo-RL's sequence log-prob-error mask);
@@ -123,6 +123,14 @@ PRESETS: dict[str, dict[str, Any]] = {
   # NeMo-RL's seq_logprob_error_threshold defaults to null (metrics only);
   # 2 is the value of its published recipe, examples/nemo_gym/grpo_nanov3.yaml.
   'nemo_seq_logprob_error': {**_DEC, **_rs('seq_mean_mpe', '2.0')},
+  # VCPO (jaxcorr/losses/vcpo.py) on top of token TIS: the ESS-scaled step
+  # and the off-policy optimal baseline, the authors' fork's defaults.
+  'decoupled_vcpo': {
+    **_DEC,
+    **_tis('token', 2.0),
+    'actor.ess_scaling': True,
+    'actor.grad_baselining': True,
+  },
 }
 """Preset name -> {dotted config path: value}. Blank table cells are absent."""
 

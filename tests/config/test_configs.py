@@ -100,6 +100,10 @@ TABLE = {
     C(rs=('seq_mean_mpe',), rs_bounds=((None, 2.0),)),
     {},
   ),
+  'decoupled_vcpo': (
+    C(is_level='token', is_upper=2.0),
+    {'ess_scaling': True, 'grad_baselining': True},
+  ),
 }
 ROLLOUT_KL = {'rollout_kl_type': 'k2', 'rollout_kl_coef': 2e-3}
 
@@ -131,7 +135,7 @@ def _build(name=None, **overrides):
 
 def test_table_covers_every_preset():
   assert set(TABLE) == set(presets.PRESETS)
-  assert len(presets.PRESETS) == 29
+  assert len(presets.PRESETS) == 30
   # The first 19 carry verl's names (golden meta records verl's list).
   verl_names = gd.load('verl').meta['presets']
   assert len(verl_names) == 19
