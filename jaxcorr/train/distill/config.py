@@ -12,19 +12,23 @@ import dataclasses
 
 from jaxcorr.config.fields import (
   boolean,
+  fail,
+  integer,
   number,
   one_of,
+  optional,
   setting,
   text,
   validate,
 )
 
-LOSSES = ('reverse_kl_advantage',)
-"""What the trainer runs today: the per-token reverse KL as a dense
-advantage (trained through `config.actor`'s policy loss). The direct
-losses of jaxcorr/losses/distill.py (reverse_kl_loss, topk_kl,
-generalized_jsd) are library functions; docs/distillation.md says what
-wiring them into the update needs."""
+LOSSES = ('reverse_kl_advantage', 'reverse_kl', 'topk_kl', 'gjsd')
+"""'reverse_kl_advantage': the per-token reverse KL as a dense advantage,
+trained through `config.actor`'s policy loss. The others are direct loss
+terms in the update on the current student (jaxcorr/train/distill/
+direct.py): `losses.distill.reverse_kl_loss`, `topk_kl`, `generalized_jsd`."""
+TOPK_LOSSES = ('topk_kl', 'gjsd')
+"""The losses that read the teacher's top-k ids and log-probs."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +59,42 @@ class DistillConfig:
     "trains on the engine's, as slime's sglang teacher does.",
   )
   loss: str = setting(
-    'reverse_kl_advantage', one_of(*LOSSES), 'What the teacher trains.'
+    'reverse_kl_advantage',
+    one_of(*LOSSES),
+    "What the teacher trains: 'reverse_kl_advantage' (a dense advantage "
+    'through the policy loss), or a direct loss term on the current '
+    "student: 'reverse_kl' (estimator k1/k3), 'topk_kl' (KL on the "
+    "teacher's top-k support), 'gjsd' (TRL GKD's generalised JSD).",
+  )
+  topk: int = setting(
+    16,
+    integer(1),
+    "'topk_kl' and 'gjsd': the teacher's top-k token ids kept per "
+    'position (prepare carries [B, T, k] ids and log-probs; capped at the '
+    'vocabulary; verl distillation.topk).',
+  )
+  topk_direction: str = setting(
+    'forward',
+    one_of('forward', 'reverse'),
+    "'topk_kl': KL(teacher || student) (verl forward_kl_topk) or "
+    'KL(student || teacher) (reverse_kl_topk) on the support.',
+  )
+  beta: float = setting(
+    0.5,
+    number(0, 1),
+    "'gjsd': TRL's beta: 0 the forward KL(t || s), 1 the reverse KL(s || t).",
+  )
+  lmbda: float = setting(
+    1.0,
+    number(0, 1),
+    "'gjsd': TRL's on-policy (student-sample) fraction; only 1.0 runs "
+    '(docs/distillation.md, "GKD\'s lambda").',
+  )
+  loss_clamp: float | None = setting(
+    None,
+    optional(number(0, lo_open=True), 'no clamp'),
+    "Direct losses 'reverse_kl', 'topk_kl': clamp each token's KL from "
+    'above (verl distillation.loss_clamp).',
   )
   estimator: str = setting(
     'k1',
@@ -65,12 +104,14 @@ class DistillConfig:
   coef: float = setting(
     1.0,
     number(0, lo_open=True),
-    'Weight of the reverse KL in the advantage (slime opd_kl_coef).',
+    'Weight of the reverse KL in the advantage (slime opd_kl_coef), or of '
+    'the direct loss term in the update.',
   )
   task_reward: bool = setting(
     False,
     boolean,
-    'Keep the task advantage (RL + distillation: A - coef*KL); False '
+    'Keep the task advantage (RL + distillation: A - coef*KL, or with a '
+    'direct loss the policy loss on A plus coef x the term); False '
     'trains on the distillation signal alone.',
   )
   teacher_dtype: str = setting(
@@ -80,7 +121,21 @@ class DistillConfig:
   )
 
   def __post_init__(self):
-    validate(self)
+    path = validate(self)
+    if self.lmbda != 1.0:
+      fail(
+        f'{path}.lmbda', self.lmbda, '1.0',
+        'the RL batches are the student\'s samples only; the off-policy '
+        'share would train on dataset answers, which they do not carry',
+      )  # fmt: skip
+    raw = self.logp_source == 'engine' and not self.correct_teacher
+    if self.loss in TOPK_LOSSES and raw:
+      fail(
+        f'{path}.loss', self.loss,
+        "'reverse_kl_advantage' or 'reverse_kl' with logp_source='engine' "
+        'and correct_teacher=False',
+        "the engine pass scores the sampled ids only, not the teacher's top-k",
+      )  # fmt: skip
 
   @property
   def enabled(self) -> bool:

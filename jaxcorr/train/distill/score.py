@@ -57,6 +57,22 @@ def teacher_logp(
   return jax.lax.stop_gradient(scoring.in_chunks(fn, params, batch, chunks))
 
 
+def teacher_scores(
+  run: Any, teacher: Any, batch: TrainBatch
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """(the `[B, T]` teacher log-probs the run trains on, the
+  `teacher_corr/` metrics when the engine pass runs too)."""
+  cfg = run.distill
+  graphdef, params = teacher.graphdef, teacher.params
+  trainer = teacher_logp(run, graphdef, params, batch, engine=False)
+  if cfg.logp_source != 'engine':
+    return trainer, {}
+  engine = teacher_logp(run, graphdef, params, batch, engine=True)
+  mask = batch.response_mask
+  metrics = distill_loss.teacher_gap_metrics(trainer, engine, mask)
+  return (trainer if cfg.correct_teacher else engine), metrics
+
+
 def distill_advantages(
   run: Any, teacher: Any, batch: TrainBatch
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -66,14 +82,7 @@ def distill_advantages(
   the update and the policy loss's correction applies unchanged."""
   cfg = run.distill
   mask = batch.response_mask
-  graphdef, params = teacher.graphdef, teacher.params
-  trainer = teacher_logp(run, graphdef, params, batch, engine=False)
-  teacher, metrics = trainer, {}
-  if cfg.logp_source == 'engine':
-    engine = teacher_logp(run, graphdef, params, batch, engine=True)
-    metrics.update(distill_loss.teacher_gap_metrics(trainer, engine, mask))
-    if not cfg.correct_teacher:
-      teacher = engine
+  teacher, metrics = teacher_scores(run, teacher, batch)
   student = batch.old_logp if run.decoupled else batch.rollout_logp
   adv, kl_metrics = distill_loss.reverse_kl_advantage(
     student,
