@@ -91,6 +91,15 @@ class TrainBatch:
   # mask_truncated_completions removes, the 'loss'-placed penalty.
   truncated: Array | None = None  # [B] bool
   overlong_penalty: Array | None = None  # [B] float32
+  # The prompt's task (jaxcorr/data/task_ids.py), -1 on padding rows: what
+  # multi-teacher distillation routes by (jaxcorr/train/distill/routes.py).
+  task_id: Array | None = None  # [B] int32
+  # A direct distillation loss (config.distill.loss, train/distill/direct.py),
+  # filled by prepare: the teacher's log-probs of the sampled tokens and,
+  # for 'topk_kl' / 'gjsd', its top-k ids and log-probs per position.
+  teacher_logp: Array | None = None  # [B, T] float32
+  teacher_topk_ids: Array | None = None  # [B, T, K] int32
+  teacher_topk_logp: Array | None = None  # [B, T, K] float32
 
   @property
   def rows(self) -> int:
@@ -107,6 +116,7 @@ class TrainBatch:
       version_gap=None,
       truncated=None,
       overlong_penalty=None,
+      task_id=None,
       **none,
     )
 
@@ -120,9 +130,12 @@ _TRAINING_FIELDS = (
   'corr_weights',
   'corr_mask',
   'old_experts',
+  'teacher_logp',
+  'teacher_topk_ids',
+  'teacher_topk_logp',
 )
 # Fields whose padding value is not 0 (0 is a valid expert id).
-_FILLED_ON_PAD = {'routed_experts': -1, 'old_experts': -1}
+_FILLED_ON_PAD = {'routed_experts': -1, 'old_experts': -1, 'task_id': -1}
 # Padding rows repeat row 0's sampling parameters: a padding row must still
 # be a valid row for the truncated-support rule.
 _REPEATED_ON_PAD = ('temperature', 'top_k', 'top_p', 'min_p')
@@ -268,6 +281,9 @@ def assemble(
     version_gap=np.where(
       mask, staleness_lib.token_gap(batch, trainer_version), 0
     ).astype(np.int32),
+    task_id=None
+    if batch.task_id is None
+    else np.asarray(batch.task_id, np.int32),
     **kept_sets,
     **routing,
     **extra,
