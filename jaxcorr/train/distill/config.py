@@ -21,6 +21,7 @@ from jaxcorr.config.fields import (
   text,
   validate,
 )
+from jaxcorr.train.distill import routes as routing
 
 LOSSES = ('reverse_kl_advantage', 'reverse_kl', 'topk_kl', 'gjsd')
 """'reverse_kl_advantage': the per-token reverse KL as a dense advantage,
@@ -41,6 +42,20 @@ class DistillConfig:
     'The teacher: a Hugging Face directory, a jaxcorr workdir (its latest '
     "checkpoint, or 'workdir@STEP'); a GGUF file is converted first "
     "(python -m jaxcorr.convert). '': no distillation.",
+  )
+  teachers: str = setting(
+    '',
+    text,
+    "Several teachers (MOPD): 'name=path,name=path', paths as for "
+    "`teacher` (exclusive with it); each row is scored by its task's "
+    'teacher (`routes`) and reported under distill/<name>/.',
+  )
+  routes: str = setting(
+    '',
+    text,
+    "With `teachers`: 'task:name,task:name', each task of config.data "
+    '(arithmetic: add, sub, mul; a reasoning-gym task name; else '
+    "data.source) to a teacher; '' routes a task to the teacher of its name.",
   )
   logp_source: str = setting(
     'trainer',
@@ -137,6 +152,28 @@ class DistillConfig:
         "the engine pass scores the sampled ids only, not the teacher's top-k",
       )  # fmt: skip
 
+    self._check_teachers(path)
+
+  def _check_teachers(self, path: str) -> None:
+    if self.teacher and self.teachers:
+      fail(f'{path}.teachers', self.teachers, "'' when distill.teacher is set")
+    if self.routes and not self.teachers:
+      fail(f'{path}.routes', self.routes, "'' without distill.teachers")
+    routing.parse_routes(self.routes, [n for n, _ in self.members])
+    if self.teachers and self.loss in TOPK_LOSSES:
+      fail(
+        f'{path}.loss', self.loss,
+        "'reverse_kl_advantage' or 'reverse_kl' with distill.teachers",
+        "the top-k support is one teacher's; MOPD routes sampled-token log-probs",
+      )  # fmt: skip
+
   @property
   def enabled(self) -> bool:
-    return bool(self.teacher)
+    return bool(self.teacher or self.teachers)
+
+  @property
+  def members(self) -> tuple[tuple[str, str], ...]:
+    """((name, path), ...) of the teachers; `teacher` is named 'teacher'."""
+    if self.teachers:
+      return routing.parse_teachers(self.teachers)
+    return (('teacher', self.teacher),) if self.teacher else ()
