@@ -227,9 +227,12 @@ class ReasoningGymSource(collections.abc.Sequence):
     if not -self.size <= i < self.size:
       raise IndexError(f'index {i} out of range for {self.size} examples')
     i %= self.size
+    row = self._dataset[i]
     return Example(
-      prompt=self._dataset[i]['question'],
+      prompt=row['question'],
       answer=reference_key(self.spec, self.seed, self.size, i),
+      # A mix's row names its own task (reasoning-gym's composite metadata).
+      task=row.get('metadata', {}).get('source_dataset', ''),
     )
 
   def where(self, i: int) -> str:

@@ -25,6 +25,8 @@ import numpy as np
 from jaxcorr.config import fields
 
 OPS = '+-*'
+OP_TASKS = {'+': 'add', '-': 'sub', '*': 'mul'}
+"""Each operator's task name (`Example.task`): what `distill.routes` names."""
 
 _PAD, _BOS, _EOS = '<pad>', '<bos>', '<eos>'
 # Ids 0-2 are the special tokens; then the arithmetic characters, then a few
@@ -35,10 +37,13 @@ _CHARS = '0123456789+-*= ()?:.,QA\n'
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-  """One prompt and its reference answer (the reward compares to it)."""
+  """One prompt and its reference answer (the reward compares to it), and
+  the task it belongs to ('': the data source's name; jaxcorr/data/
+  task_ids.py turns it into the batch's per-row task id)."""
 
   prompt: str
   answer: str
+  task: str = ''
 
 
 class CharTokenizer:
@@ -153,7 +158,9 @@ def arithmetic_example(
   rng = np.random.default_rng([seed, int(index)])
   a, b = (int(x) for x in rng.integers(0, max_operand + 1, size=2))
   op = ops[int(rng.integers(len(ops)))]
-  return Example(prompt=f'{a}{op}{b}=', answer=str(_apply(a, op, b)))
+  return Example(
+    prompt=f'{a}{op}{b}=', answer=str(_apply(a, op, b)), task=OP_TASKS[op]
+  )
 
 
 class ArithmeticSource(collections.abc.Sequence):

@@ -60,6 +60,9 @@ class RolloutBatch:
   # token the engine fed (prompt then response, the trainer's P + T layout),
   # -1 where none (padding, the last sampled token); None for dense models.
   routed_experts: jax.Array | None = None  # [B, P + T, L_moe, k] int32
+  # The prompt's task, an index into jaxcorr/data/task_ids.py's table (-1:
+  # none); set by the trainer's scoring, None from a bare engine.
+  task_id: jax.Array | None = None  # [B] int32
   # Logging only. The dtypes the engine stores its matmul weights and KV
   # cache in (`precision.stored_dtypes`): 'int8' / 'float8_e4m3fn' for a
   # quantized engine, whatever its compute dtype.

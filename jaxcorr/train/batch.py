@@ -134,7 +134,7 @@ _TRAINING_FIELDS = (
   'teacher_topk_ids',
   'teacher_topk_logp',
 )
-# Fields whose padding value is not 0 (0 is a valid expert id).
+# Fields whose padding value is not 0 (0 is a valid expert and task id).
 _FILLED_ON_PAD = {'routed_experts': -1, 'old_experts': -1, 'task_id': -1}
 # Padding rows repeat row 0's sampling parameters: a padding row must still
 # be a valid row for the truncated-support rule.

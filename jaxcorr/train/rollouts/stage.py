@@ -31,7 +31,7 @@ import numpy as np
 
 from jaxcorr.agents import episodes
 from jaxcorr.data import prompts as data
-from jaxcorr.data import text
+from jaxcorr.data import task_ids, text
 from jaxcorr.data.tasks import Example
 from jaxcorr.rewards import RewardScorer
 from jaxcorr.rollout import RolloutBatch, driver
@@ -142,6 +142,7 @@ class RolloutStage:
     self.tokenizer = tokenizer
     self.scorer = scorer
     self.stop_ids = text.stop_ids(tokenizer)
+    self.tasks = task_ids.task_names(run.data)  # the batch's task_id table
     self.agents = None  # multi-turn rollouts (config.agent), else None
     if run.agent.enabled:
       self.agents = episodes.AgentRollouts(
@@ -298,6 +299,8 @@ class RolloutStage:
     metrics['time/reward'] = Metric.avg(time.perf_counter() - t1)
     mask = np.asarray(batch.response_mask, bool)
     version = np.asarray(batch.policy_version)[mask]
+    ids = task_ids.task_ids(examples, self.tasks, self.run.data.source, n)
+    batch = batch.replace(task_id=ids)
     return Scored(
       step=step,
       batch=batch,
