@@ -2,14 +2,24 @@
 
 Models name *logical* axes only (`('embed', 'mlp')` for an MLP kernel,
 `('batch', 'seq', 'act_embed')` for an activation); `LOGICAL_RULES` is the
-single place that maps them onto the mesh axes `data`, `fsdp` and `tensor`:
+single place that maps them onto the mesh axes `data`, `fsdp`, `sequence`
+and `tensor`:
 
 * `data`: pure data parallelism (params replicated across it);
 * `fsdp`: data parallelism whose params and optimizer state are sharded
   (ZeRO-3): every weight's `embed` dimension is split over it;
+* `sequence`: context parallelism: each row's positions are split over it
+  (activations' `seq` dimension), and, as its devices see different tokens
+  of the same rows, it shards the weights' `embed` dimension too (ZeRO-3
+  over fsdp x sequence: the gradient is reduced over both anyway).
+  Attention gathers keys and values over it
+  (`jaxcorr/model/context_parallel.py`); the rollout engine never splits
+  rows (`engine_mesh`);
 * `tensor`: Megatron-style tensor parallelism over heads, MLP width and vocab.
 
-The batch is split over `data` x `fsdp` together. A mesh axis is dropped from
+The batch is split over `data` x `fsdp` together. A `sequence` axis of size
+1 is left out of every spec, so a mesh without context parallelism shards
+exactly as before the axis existed. A mesh axis is dropped from
 a dimension it does not divide (2 KV heads on a tensor axis of 4 are
 replicated), and never used twice in one spec, so every rule is safe for any
 model size; `docs/models.md` gives the usual mesh for 0.5B to 70B.
@@ -30,16 +40,19 @@ import jax
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from jaxcorr.config.fields import Invalid, fail, setting, validate
+from jaxcorr.config.fields import Invalid, fail, integer, setting, validate
 
-MESH_AXES = ('data', 'fsdp', 'tensor')
+MESH_AXES = ('data', 'fsdp', 'sequence', 'tensor')
+"""Mesh axis order, outermost first: `tensor` innermost (its collectives run
+every layer on the fastest links), then `sequence` (K/V gathers, every
+layer)."""
 
 LogicalAxes = tuple[str | None, ...]
 
 LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
   # Parameters.
   ('vocab', 'tensor'),
-  ('embed', 'fsdp'),
+  ('embed', ('fsdp', 'sequence')),
   ('mlp', 'tensor'),
   ('heads', 'tensor'),
   ('kv_heads', 'tensor'),
@@ -49,7 +62,7 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
   ('norm', None),
   # Activations. Their feature axes never use `fsdp`: the batch already does.
   ('batch', ('data', 'fsdp')),
-  ('seq', None),
+  ('seq', 'sequence'),
   ('cache_seq', None),
   ('act_embed', None),
   ('act_heads', 'tensor'),
@@ -83,6 +96,15 @@ class MeshConfig:
   tensor: int = setting(
     1, _axis, 'Tensor (model) parallelism over heads and the MLP width.'
   )
+  # Declared last so the positional MeshConfig(data, fsdp, tensor) keeps
+  # its meaning; the mesh itself orders the axes as MESH_AXES.
+  sequence: int = setting(
+    1,
+    integer(1),
+    "Context parallelism: each training row's positions split over it "
+    '(the row length must divide by it; the rollout engine folds it into '
+    'its batch axis).',
+  )
 
   def __post_init__(self):
     path = validate(self)
@@ -92,7 +114,7 @@ class MeshConfig:
 
   @classmethod
   def from_any(cls, config: Any) -> MeshConfig:
-    """From a MeshConfig, a mapping or a ConfigDict with the three fields."""
+    """From a MeshConfig, a mapping or a ConfigDict with the mesh fields."""
     if config is None:
       return cls()
     if isinstance(config, cls):
@@ -104,9 +126,9 @@ class MeshConfig:
       values = {a: getattr(config, a, getattr(default, a)) for a in MESH_AXES}
     return cls(**{a: int(v) for a, v in values.items()})
 
-  def shape(self, num_devices: int) -> tuple[int, int, int]:
-    """The (data, fsdp, tensor) sizes on `num_devices` devices."""
-    sizes = [self.data, self.fsdp, self.tensor]
+  def shape(self, num_devices: int) -> tuple[int, ...]:
+    """The sizes of `MESH_AXES` on `num_devices` devices."""
+    sizes = [getattr(self, a) for a in MESH_AXES]
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
       if num_devices % known:
@@ -122,15 +144,38 @@ class MeshConfig:
 def make_mesh(
   config: Any = None, *, devices: Sequence[jax.Device] | None = None
 ) -> Mesh:
-  """A ('data', 'fsdp', 'tensor') mesh over `devices` (default: all).
+  """A `MESH_AXES` mesh over `devices` (default: all).
 
   `config` is a `MeshConfig`, or any mapping / ConfigDict with `data`,
-  `fsdp`, `tensor`; the default puts every device on `fsdp`.
+  `fsdp`, `tensor`, `sequence`; the default puts every device on `fsdp`.
   """
   devices = list(jax.devices() if devices is None else devices)
   shape = MeshConfig.from_any(config).shape(len(devices))
   return jax.make_mesh(
-    shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices
+    shape,
+    MESH_AXES,
+    axis_types=(AxisType.Auto,) * len(MESH_AXES),
+    devices=devices,
+  )
+
+
+def engine_mesh(mesh: Mesh) -> Mesh:
+  """The rollout engine's mesh on the trainer's devices: `sequence` folded
+  into `fsdp`.
+
+  The engine decodes one token per row a step, so there is no row to
+  split: its rows go over data x fsdp x sequence instead. The same
+  devices in the same order, so a weight sharded over (fsdp, sequence)
+  lies on the same device on both meshes."""
+  shape = dict(mesh.shape)
+  if shape.get('sequence', 1) == 1:
+    return mesh
+  shape['fsdp'] *= shape['sequence']
+  shape['sequence'] = 1
+  return Mesh(
+    mesh.devices.reshape([shape[a] for a in MESH_AXES]),
+    MESH_AXES,
+    axis_types=(AxisType.Auto,) * len(MESH_AXES),
   )
 
 
@@ -164,6 +209,8 @@ def logical_to_spec(
     for ax in mesh_axes:
       if ax in used or (sizes is not None and ax not in sizes):
         continue
+      if ax == 'sequence' and (sizes is None or sizes[ax] == 1):
+        continue  # no context parallelism: specs as without the axis
       if sizes is not None and dim is not None:
         n = sizes[ax] * math.prod(sizes[k] for k in kept)
         if dim % n:

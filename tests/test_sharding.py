@@ -30,17 +30,17 @@ from tests.helpers.model_testing import (
 @pytest.mark.parametrize(
   'config, shape',
   [
-    (None, (1, 8, 1)),
-    (dict(fsdp=2, tensor=-1), (1, 2, 4)),
-    (sh.MeshConfig(data=2, fsdp=-1, tensor=2), (2, 2, 2)),
-    (ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=4)), (2, 1, 4)),
+    (None, (1, 8, 1, 1)),
+    (dict(fsdp=2, tensor=-1), (1, 2, 1, 4)),
+    (sh.MeshConfig(data=2, fsdp=-1, tensor=2), (2, 2, 1, 2)),
+    (ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=4)), (2, 1, 1, 4)),
   ],
 )
 def test_make_mesh_shapes(config, shape):
   mesh = sh.make_mesh(config)
   assert mesh.axis_names == sh.MESH_AXES
   assert tuple(mesh.shape.values()) == shape
-  assert mesh.axis_types == (AxisType.Auto,) * 3
+  assert mesh.axis_types == (AxisType.Auto,) * 4
 
 
 @pytest.mark.parametrize(
@@ -59,7 +59,7 @@ def test_make_mesh_rejects_bad_shapes(config, match):
 
 def test_make_mesh_on_a_device_subset():
   mesh = sh.make_mesh(dict(tensor=2), devices=jax.devices()[:4])
-  assert tuple(mesh.shape.values()) == (1, 2, 2)
+  assert tuple(mesh.shape.values()) == (1, 2, 1, 2)
 
 
 # ------------------------------------------------------------------- rules

@@ -32,6 +32,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxcorr.model.context_parallel import sequence_shards
 from jaxcorr.model.layers import matmul_precision
 from jaxcorr.model.projection import dense_einsum
 from jaxcorr.model.transformer import (
@@ -152,19 +153,34 @@ def chunk_length(t: int, chunk_size: int) -> int:
   return max(1, -(-t // n))
 
 
-def _to_chunks(x: jax.Array, c: int) -> jax.Array:
-  """`[B, T, ...]` -> `[n, B, c, ...]`, T zero-padded to n·c: the scan runs
-  over chunks, each chunk keeps the batch axis (and its sharding) intact."""
-  b, t = x.shape[:2]
-  n = -(-t // c)
-  x = jnp.pad(x, ((0, 0), (0, n * c - t)) + ((0, 0),) * (x.ndim - 2))
-  return x.reshape(b, n, c, *x.shape[2:]).swapaxes(0, 1)
+def _to_chunks(x: jax.Array, c: int, p: int = 1, fill=0) -> jax.Array:
+  """`[B, T, ...]` -> `[n, B, p·c, ...]`: the scan runs over chunks, each
+  chunk keeps the batch axis (and its sharding) intact.
+
+  T is cut into p equal spans (the shards of a row split over the mesh's
+  `sequence` axis, T padded to p spans) and chunk i holds positions
+  [i·c, (i + 1)·c) of every span, so each device scores its own positions
+  with no gather; each span is padded to n·c with `fill`. p = 1: chunk i
+  is positions [i·c, (i + 1)·c)."""
+  b, t, rest = x.shape[0], x.shape[1], x.shape[2:]
+  span = -(-t // p)
+  n = -(-span // c)
+  pad = ((0, 0),) * len(rest)
+  x = jnp.pad(x, ((0, 0), (0, p * span - t), *pad), constant_values=fill)
+  x = x.reshape(b, p, span, *rest)
+  x = jnp.pad(
+    x, ((0, 0), (0, 0), (0, n * c - span), *pad), constant_values=fill
+  )
+  x = jnp.moveaxis(x.reshape(b, p, n, c, *rest), 2, 0)
+  return x.reshape(n, b, p * c, *rest)
 
 
-def _from_chunks(x: jax.Array, t: int) -> jax.Array:
-  """`[n, B, c]` -> `[B, t]`, the inverse of `_to_chunks` (padding cut)."""
-  n, b, c = x.shape
-  return x.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+def _from_chunks(x: jax.Array, t: int, p: int = 1) -> jax.Array:
+  """`[n, B, p·c]` -> `[B, t]`, the inverse of `_to_chunks` (padding cut)."""
+  n, b, pc = x.shape
+  c = pc // p
+  x = jnp.moveaxis(x.reshape(n, b, p, c), 0, 2).reshape(b, p, n * c)
+  return x[:, :, : -(-t // p)].reshape(b, -1)[:, :t]
 
 
 def logprobs_from_hidden(
@@ -216,13 +232,15 @@ def logprobs_from_hidden(
   dtype = dtype or hidden.dtype
   temp = _temperature(temperature, b, t)
   per_position = temp.ndim == 2
-  c = chunk_length(t, chunk_size)
+  # Rows split over the mesh's `sequence` axis: chunks within each shard.
+  p = sequence_shards()
+  c = chunk_length(-(-t // p), chunk_size)
   xs = (hidden, targets.astype(jnp.int32))
   if replay:
     xs += (kept_ids.astype(jnp.int32), kept_count.astype(jnp.int32))
+  xs = tuple(_to_chunks(x, c, p) for x in xs)
   if per_position:  # chunked with the positions (padding 1: never 1/0)
-    xs += (jnp.pad(temp, ((0, 0), (0, -t % c)), constant_values=1),)
-  xs = tuple(_to_chunks(x, c) for x in xs)
+    xs += (_to_chunks(temp, c, p, fill=1),)
 
   def chunk(xs_c, head, temp):
     kept = (xs_c[2], xs_c[3]) if replay else None
@@ -244,7 +262,7 @@ def logprobs_from_hidden(
   _, (logp, ent, log_mass) = jax.lax.scan(body, None, xs)
 
   out = [logp] + [ent] * return_entropy + [log_mass] * return_kept_mass
-  out = [_from_chunks(x, t) for x in out]
+  out = [_from_chunks(x, t, p) for x in out]
   return out[0] if len(out) == 1 else tuple(out)
 
 

@@ -139,7 +139,7 @@ def test_expert_adapters_shard_like_the_experts():
   for scan in (False, True):
     cfg = _cfg(scan_layers=scan, mlp_only_layers=(), num_layers=3)
     model = nnx.eval_shape(lambda cfg=cfg: lora_lib.lora_model(cfg, LC))
-    mesh = AbstractMesh((1, 2, 1), sharding.MESH_AXES)
+    mesh = AbstractMesh((1, 2, 1, 1), sharding.MESH_AXES)
     found = 0
     for _, m in nnx.iter_graph(model):
       if not isinstance(m, ExpertLora):
