@@ -90,10 +90,10 @@ def target(
 
 
 def compile_plan(t: Target) -> Plan:
-  """The `Plan` of a `target`: its programs compiled."""
-  return plan_programs(
-    t.run, transformer_config(t.run.model), t.train_mesh, t.engine_mesh
-  )
+  """The `Plan` of a `target`: its programs compiled (`model.dtype='auto'`
+  as a TPU run resolves it: bfloat16 compute)."""
+  cfg = transformer_config(t.run.model, backend='tpu')
+  return plan_programs(t.run, cfg, t.train_mesh, t.engine_mesh)
 
 
 def make_plan(

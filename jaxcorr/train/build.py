@@ -43,13 +43,16 @@ from jaxcorr.losses.rewards import KLControlConfig, check_kl_horizon
 from jaxcorr.model import TransformerConfig
 from jaxcorr.model.lora import LoraConfig
 from jaxcorr.rollout import precision
+from jaxcorr.rollout.speculative_config import SpeculativeConfig
 from jaxcorr.sharding import MeshConfig
 from jaxcorr.train.critic import CriticConfig
 from jaxcorr.train.distill import DistillConfig
+from jaxcorr.train.distill import direct as distill_direct
 from jaxcorr.train.distill import teacher as distill_teacher
 from jaxcorr.train.evals import sets as eval_sets
 from jaxcorr.train.evals.config import EvalConfig
 from jaxcorr.train.policy import ModelConfig, transformer_config
+from jaxcorr.train.rollouts import draft as spec_draft
 from jaxcorr.train.rollouts import dynamic_sampling
 from jaxcorr.train.rollouts.config import RolloutConfig
 from jaxcorr.train.rollouts.weights import quant_spec
@@ -74,6 +77,7 @@ SECTIONS: dict[str, type] = {
   'moe': MoEConfig,
   'dynamic_sampling': dynamic_sampling.DynamicSamplingConfig,
   'distill': DistillConfig,
+  'speculative': SpeculativeConfig,
 }
 """The trainer sections that map one ConfigDict section to one dataclass
 (`correction`, `actor` and `algorithm` are assembled below)."""
@@ -196,9 +200,11 @@ def _check_moe(run: RunConfig) -> None:
 
 def _policy_config(run: RunConfig) -> TransformerConfig | None:
   """The policy's `TransformerConfig`, for the rules on its shapes; None
-  when `model.hf_path` has no config.json (loading the model says so)."""
+  when `model.hf_path` has no config.json (loading the model says so).
+  Shapes only: `model.dtype='auto'` is resolved as on CPU, since asking
+  for the backend would start it before `jax.distributed`."""
   try:
-    return transformer_config(run.model)
+    return transformer_config(run.model, backend='cpu')
   except OSError:
     return None
 
@@ -262,6 +268,7 @@ def check_combinations(run: RunConfig) -> None:
       'global divisors)',
     )
   check_packing(run)
+  distill_direct.check(run)
   check_agent(run)
   check_lora(run)
   check_precision(run)
@@ -408,6 +415,7 @@ def check_components(run: RunConfig) -> None:
   eval_sets.check(run)
   if run.distill.enabled:  # the teacher's path, tokenizer, vocabulary
     distill_teacher.check_for_run(run)
+  spec_draft.check_for_run(run)  # with the other sections; the draft's files
   if run.agent.enabled:
     spec = environment_spec(run.agent.environment, run.agent)
     if run.train.sft_steps and spec.expert is None:

@@ -16,12 +16,13 @@ import dataclasses
 from typing import Any
 
 import jax
+from absl import logging
 from flax import nnx
 
 from jaxcorr import sharding
 from jaxcorr.config.fields import (
-  DTYPES,
   boolean,
+  fail,
   integer,
   number,
   one_of,
@@ -35,7 +36,11 @@ from jaxcorr.model import (
   TransformerConfig,
   load_hf,
 )
+from jaxcorr.model import attention
+from jaxcorr.model.attention import ATTENTION, allowed
 from jaxcorr.model.lora import LoraConfig, apply_lora
+from jaxcorr.train import mixed_precision
+from jaxcorr.train.mixed_precision import COMPUTE_DTYPES, PARAM_DTYPES
 
 _POS, _NAT = integer(1), integer(0)
 
@@ -74,12 +79,17 @@ class ModelConfig:
     0.02, number(0, lo_open=True), 'Std of the random init (scratch models).'
   )
   dtype: str = setting(
-    'float32',
-    one_of(*DTYPES),
-    'Trainer compute dtype; log-probs are always float32.',
+    'auto',
+    mixed_precision.dtype_rule(*COMPUTE_DTYPES),
+    "Trainer compute dtype: 'auto' is float32 on CPU, bfloat16 on GPU and "
+    'TPU (over float32 master weights); log-probs are always float32 '
+    '(docs/precision.md, "Mixed-precision training").',
   )
   param_dtype: str = setting(
-    'float32', one_of(*DTYPES), 'Stored parameter dtype of the policy.'
+    'float32',
+    mixed_precision.dtype_rule(*PARAM_DTYPES),
+    'Stored parameter dtype of the policy (float32: master weights and '
+    'optimizer state).',
   )
   remat: str = setting(
     'none',
@@ -117,6 +127,14 @@ class ModelConfig:
   num_experts_per_tok: int = setting(
     0, _NAT, 'Scratch MoE model: experts each token is routed to (top-k).'
   )
+  attention: str = setting(
+    'jnp',
+    one_of(*ATTENTION),
+    "Attention: 'jnp' (the reference, CPU), 'xla' / 'cudnn' "
+    "(jax.nn.dot_product_attention), 'splash' (Pallas TPU kernel), "
+    "'splash_interpret' (the same kernel interpreted: tests), 'auto' (by "
+    'backend); checked against the backend at start-up (docs/architecture.md).',
+  )
   moe_dispatch: str = setting(
     'grouped',
     one_of('grouped', 'dense'),
@@ -129,33 +147,52 @@ class ModelConfig:
     if not self.hf_path:
       # The model's own shape rules (top-k against the experts, heads, ...)
       # at config time; its messages start with `field=value`.
-      try:
-        transformer_config(self)
+      try:  # shapes only: no backend asked for dtype='auto'
+        transformer_config(self, backend='cpu')
       except ValueError as e:
         raise ValueError(f'{path}.{e}') from None
 
 
-def _hf_options(model: ModelConfig) -> dict[str, Any]:
+def _hf_options(
+  model: ModelConfig, backend: str | None = None
+) -> dict[str, Any]:
   """The section's fields that apply to a HF checkpoint's config."""
   return dict(
     param_dtype=model.param_dtype,
-    dtype=model.dtype,
+    dtype=mixed_precision.compute_dtype(model.dtype, backend),
     remat=model.remat,
     scan_layers=model.scan_layers,
+    attention=model.attention,
   )
 
 
-def transformer_config(model: ModelConfig) -> TransformerConfig:
+def transformer_config(
+  model: ModelConfig, backend: str | None = None
+) -> TransformerConfig:
   """The policy's `TransformerConfig`: `hf_path`'s config.json with this
   section's dtypes, remat and scan_layers, or, for a scratch model, every
-  `config.model` field that `TransformerConfig` also has, by name."""
+  `config.model` field that `TransformerConfig` also has, by name.
+  `dtype='auto'` is resolved for `backend` (None: the running one, which
+  this then starts: `mixed_precision.compute_dtype`)."""
   if model.hf_path:
-    return TransformerConfig.from_hf_config(model.hf_path, **_hf_options(model))
+    options = _hf_options(model, backend)
+    return TransformerConfig.from_hf_config(model.hf_path, **options)
   shared = TransformerConfig.__dataclass_fields__
   fields = {k: v for k, v in vars(model).items() if k in shared}
+  fields['dtype'] = mixed_precision.compute_dtype(model.dtype, backend)
   if model.num_experts:  # Mixtral: one MLP width, every layer MoE
     fields['moe_intermediate_size'] = model.intermediate_size
   return TransformerConfig(**fields)
+
+
+def check_attention(model: ModelConfig, engine_dtype: str, backend: str):
+  """`model.attention` against `backend` and the compute dtypes of the
+  trainer and the engine (`jaxcorr.model.attention.refusal`); at start-up,
+  once the backend may be asked (after `jax.distributed`)."""
+  dtypes = (mixed_precision.compute_dtype(model.dtype, backend), engine_dtype)
+  why = attention.refusal(model.attention, backend, dtypes)
+  if why:
+    fail('config.model.attention', model.attention, allowed(backend), why)
 
 
 @dataclasses.dataclass
@@ -182,6 +219,11 @@ def build_policy(
     module = sharding.init_sharded(
       lambda: Transformer(cfg, rngs=nnx.Rngs(seed)), mesh
     )
+  if model.dtype == mixed_precision.AUTO:
+    logging.info(
+      "model.dtype='auto': %s compute, %s params on %s",
+      cfg.dtype.name, cfg.param_dtype.name, jax.default_backend(),
+    )  # fmt: skip
   if lora is not None and lora.enabled:
     apply_lora(module, lora)
     # The adapters were made on the default device: place them too.

@@ -34,8 +34,9 @@ from flax import nnx
 
 from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import objective, objective_config, value
-from jaxcorr.train import loss_batch, scoring
+from jaxcorr.train import loss_batch, mixed_precision, scoring
 from jaxcorr.train.batch import TrainBatch
+from jaxcorr.train.distill import direct as distill_direct
 from jaxcorr.train.packing import forward as packed_forward
 from jaxcorr.train.packing.layout import PackedRows
 from jaxcorr.train.prepare import gap_arguments, prepare
@@ -55,6 +56,7 @@ SUMMED = frozenset(
     'actor/loss_token_count',
     'actor/loss_seq_count',
     'critic/vf_loss',
+    distill_direct.LOSS_METRIC,
   }
 )
 _COUNTS = ('actor/loss_token_count', 'actor/loss_seq_count')
@@ -193,13 +195,13 @@ class Steps:
       state.frozen,
     )
     met = dict(met, **{'actor/loss': loss})
-    g_acc = jax.tree.map(jnp.add, g_acc, g)
+    g_acc = mixed_precision.accumulate(g_acc, g)
     if self.run.critic.enabled:
       critic_grad = jax.value_and_grad(self._critic_loss, has_aux=True)
       (_, cmet), cg = critic_grad(
         state.critic_params, mic, critic_counts, micro
       )
-      cg_acc = jax.tree.map(jnp.add, cg_acc, cg)
+      cg_acc = mixed_precision.accumulate(cg_acc, cg)
       met.update(cmet)
     typed = reduction.from_loss(met, summed=SUMMED)
     # Bypass mode's per-gap means weigh by their tokens, so the micro-batches
@@ -225,7 +227,7 @@ class Steps:
         m = m & mb.corr_mask
       counts = objective.loss_normalizers(m)
     critic_counts = objective.loss_normalizers(mb.response_mask)
-    zeros = lambda p: jax.tree.map(jnp.zeros_like, p)  # noqa: E731
+    zeros = mixed_precision.grad_accumulator  # float32 sums
     init = (
       zeros(state.params),
       zeros(state.critic_params) if run.critic.enabled else None,
@@ -245,6 +247,9 @@ class Steps:
         for k in SUMMED - set(_COUNTS):
           if k in metrics and not k.startswith('critic/'):
             metrics[k] = metrics[k] / denom
+    grads = mixed_precision.like_params(grads, state.params)
+    if run.critic.enabled:
+      cgrads = mixed_precision.like_params(cgrads, state.critic_params)
     return grads, cgrads, metrics
 
   def _one_update(
@@ -319,7 +324,9 @@ def _row_logp(run, graphdef, frozen, key, params, row: TrainBatch):
   norms differentiate (`loss_batch.score_sq_norms`)."""
   if frozen is not None:  # LoRA: the adapters' gradient
     params = nnx.merge_state(frozen, params)
-  (logp, _), _ = _update_forward(run, graphdef, params, row, None, key, False)
+  (logp, _), _, _ = _update_forward(
+    run, graphdef, params, row, None, key, False
+  )
   return jnp.sum(jnp.where(row.response_mask, logp, 0.0))
 
 
@@ -350,7 +357,7 @@ def _actor_loss(
   corr = run.losses.correction
   if frozen is not None:  # LoRA: differentiate the adapters only
     params = nnx.merge_state(frozen, params)
-  (logp, ent), routing = _update_forward(
+  (logp, ent), routing, topk = _update_forward(
     run, graphdef, params, mic, micro, key, entropy
   )
   correction, gap, gap_weights = None, {}, {}
@@ -385,6 +392,10 @@ def _actor_loss(
     loss, metrics = loss + term, dict(metrics, **met)
     tokens = jnp.sum(mic.segment_ids != 0, dtype=jnp.float32)
     gap_weights = dict(gap_weights, **dict.fromkeys(met, tokens))
+  if distill_direct.is_direct(run):  # a direct distillation term
+    term, met, w = distill_direct.update_term(run, mic, logp, topk, counts)
+    loss, metrics = loss + term, dict(metrics, **met)
+    gap_weights = dict(gap_weights, **w)
   return loss, (metrics, gap_weights)
 
 
@@ -392,10 +403,16 @@ def _update_forward(
   run, graphdef, params, mic: TrainBatch, micro, key, entropy: bool
 ):
   """The update's forward of one micro-batch: ((log-probs, entropy or
-  None) `[rows, T]`, the MoE layers' `RouterStats` or None), with LoRA
-  dropout when `lora.dropout` is set; with packing (`micro`, dense policies
-  only) over its packed rows."""
+  None) `[rows, T]`, the MoE layers' `RouterStats` or None, the student's
+  log-probs at the teacher's top-k ids or None), with LoRA dropout when
+  `lora.dropout` is set; with packing (`micro`, dense policies only) over
+  its packed rows."""
   dropout = jax.random.fold_in(key, 7) if run.lora.dropout else None
+  if distill_direct.needs_topk(run):  # one forward, the full softmax
+    out, topk = distill_direct.student_forward(
+      run, graphdef, params, mic, entropy=entropy, dropout_key=dropout
+    )
+    return out, None, topk
   if micro is not None:
     out = packed_forward.policy_logp(
       run, graphdef, params, mic, micro, entropy=entropy, dropout_key=dropout
@@ -411,7 +428,7 @@ def _update_forward(
       routing=True,
       dropout_key=dropout,
     )
-  return (out if entropy else (out, None)), stats
+  return (out if entropy else (out, None)), stats, None
 
 
 def update_order(t: Any, rows: int, key: jax.Array, packed: bool):
