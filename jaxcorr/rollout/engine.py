@@ -46,6 +46,7 @@ from jaxcorr.rollout import decode, layout, precision
 from jaxcorr.rollout import speculative as speculative_lib
 from jaxcorr.rollout.adapter_weights import AdapterWeights
 from jaxcorr.rollout.batched import BatchedDecoding
+from jaxcorr.rollout.draft_model import DraftModel
 from jaxcorr.rollout.policy_weights import PolicyWeights
 from jaxcorr.rollout.requests import RequestDecoding
 from jaxcorr.rollout.state import (
@@ -96,6 +97,8 @@ class PolicyEngine(engine_api.Engine):
       trainer's exact scoring bit for bit; not with quantization.
     speculative: a `SpeculativeConfig` (draft, k): the decode chunk runs
       exact speculative sampling (`rollout/speculative.py`); None: off.
+    draft: the `DraftModel` of speculative draft='model' (its own KV
+      cache; not changed by `update_params`).
   """
 
   def __init__(
@@ -118,6 +121,7 @@ class PolicyEngine(engine_api.Engine):
     kv_cache_dtype: str | None = None,
     exact: bool = False,
     speculative: speculative_lib.SpeculativeConfig | None = None,
+    draft: DraftModel | None = None,
   ):
     if exact and quantization is not None:
       raise ValueError(
@@ -134,8 +138,11 @@ class PolicyEngine(engine_api.Engine):
         exact=exact,
         kept_capacity=kept_set_capacity,
         moe=bool(cfg.moe_layers),
+        draft_cfg=None if draft is None else draft.config,
       )
-    make_layout = layout.Layout if spec is None else speculative_layout(spec)
+    make_layout = (
+      layout.Layout if spec is None else speculative_layout(spec, draft)
+    )
     self.layout = make_layout(
       config=cfg,
       slots=max_concurrent_decodes,
@@ -154,7 +161,7 @@ class PolicyEngine(engine_api.Engine):
     )
     if spec is not None:
       self.programs = speculative_lib.with_speculation(
-        self.programs, self.layout
+        self.programs, self.layout, draft
       )
     self.requests = RequestDecoding(
       self.layout,
@@ -343,9 +350,13 @@ class PolicyEngine(engine_api.Engine):
     return self.batched.refresh_cache(decode_state, contexts)
 
 
-def speculative_layout(spec):
-  """A `Layout` constructor whose states suit `spec`'s decode chunk."""
-  return lambda **kw: speculative_lib.SpeculativeLayout(**kw, speculative=spec)
+def speculative_layout(spec, draft):
+  """A `Layout` constructor whose states suit `spec`'s decode chunk (and
+  hold `draft`'s cache)."""
+  draft_cfg = None if draft is None else draft.config
+  return lambda **kw: speculative_lib.SpeculativeLayout(
+    **kw, speculative=spec, draft_config=draft_cfg
+  )
 
 
 def _weights(cfg, model, mesh, lora, quantization) -> tuple[Any, Any]:

@@ -28,6 +28,9 @@ Drafts:
              target's own cache. Those layers' keys/values are the
              target's for the same tokens, so no second cache is needed;
              the verify pass rewrites them (and the other layers).
+    model    a separate, smaller checkpoint with the policy's token ids
+             (`draft_model.DraftModel`), decoding k steps on its own
+             cache (`DecodeState.draft`); fixed across weight syncs.
 
 Rejected positions leave garbage in cache slots past the new index; the
 index only advances over accepted tokens, so the next round overwrites
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -46,78 +50,17 @@ from flax import nnx
 
 from jaxcorr import sampling
 from jaxcorr.model import KVCache
-from jaxcorr.rollout import decode, layout
+from jaxcorr.rollout import decode, draft_model, layout
+from jaxcorr.rollout.speculative_config import (  # noqa: F401 (re-exported)
+  SpeculativeConfig,
+  check_draft_vocab,
+)
 from jaxcorr.rollout.state import (
   Chunk,
   DecodeState,
   SamplingParams,
   pack_sampling,
 )
-
-DRAFTS = ('off', 'ngram', 'layers')
-
-
-@dataclasses.dataclass(frozen=True)
-class SpeculativeConfig:
-  """draft: 'off', 'ngram' or 'layers'; k: draft tokens per round (>= 1);
-  ngram: the n of the n-gram lookup; draft_layers: L of self-speculation."""
-
-  draft: str = 'off'
-  k: int = 4
-  ngram: int = 2
-  draft_layers: int = 1
-
-  def __post_init__(self):
-    if self.draft not in DRAFTS:
-      raise ValueError(
-        f'rollout.speculative.draft={self.draft!r}; allowed: {DRAFTS}'
-      )
-    if self.k < 1:
-      raise ValueError(f'rollout.speculative.k={self.k}; allowed: an int >= 1')
-    if self.ngram < 1:
-      raise ValueError(
-        f'rollout.speculative.ngram={self.ngram}; allowed: an int >= 1'
-      )
-
-  @property
-  def enabled(self) -> bool:
-    return self.draft != 'off'
-
-  def check(self, cfg, *, exact: bool, kept_capacity: int, moe: bool) -> None:
-    """Config-time errors for an engine this config cannot run on."""
-    if not self.enabled:
-      return
-    if self.draft == 'layers' and not 1 <= self.draft_layers < cfg.num_layers:
-      raise ValueError(
-        f'rollout.speculative.draft_layers={self.draft_layers}; allowed: an '
-        f'int in [1, num_layers={cfg.num_layers})'
-      )
-    if exact:
-      raise ValueError(
-        'rollout.speculative with rollout.exact=True is not supported: the '
-        "verify pass is a (k+1)-token forward, not exact mode's one-token "
-        'tiles; set rollout.speculative.draft=off or rollout.exact=False'
-      )
-    if kept_capacity:
-      raise ValueError(
-        "rollout.speculative needs logprob_mode='engine' (or 'recompute'); "
-        "'replay' records kept sets the speculative chunk does not build"
-      )
-    if moe:
-      raise ValueError(
-        'rollout.speculative on an MoE policy is not supported (routing of '
-        'the verify pass is not recorded); set rollout.speculative.draft=off'
-      )
-
-
-def check_draft_vocab(cfg, draft_vocab_size: int) -> None:
-  """A draft model must share the policy's tokenizer (its vocabulary)."""
-  if draft_vocab_size != cfg.vocab_size:
-    raise ValueError(
-      f'speculative draft vocab_size={draft_vocab_size} differs from the '
-      f"policy's {cfg.vocab_size}: the draft must use the policy's tokenizer"
-    )
-
 
 # ------------------------------------------------------------ distributions
 
@@ -203,49 +146,82 @@ def ngram_draft(history, index, last, *, k, n):
   return jnp.where(found, got, last[:, None]).astype(jnp.int32)
 
 
-def layers_draft(model, state, keys, *, k, layers, attend_len):
-  """Self-speculation: k tokens from the first `layers` layers + head,
-  each drawn from its processed distribution -> (drafts [N, k], q [N, k,
-  V], the cache with those layers' draft keys/values written)."""
-  cache = state.cache
-  part = KVCache(
-    k=cache.k[:layers], v=cache.v[:layers], segment_ids=None, index=cache.index
-  )
+def sample_drafts(model, cache, state, keys, *, k, attend_len):
+  """k tokens from `model` decoding on `cache` from the slots' last
+  tokens, each drawn from its processed distribution -> (drafts [N, k],
+  q [N, k, V], the cache with the fed tokens' keys/values written)."""
   tok, drafts, qs = state.tokens, [], []
   for j in range(k):
-    # `_cached_layers` zips the layers with the cache: a cache of L layers
-    # runs the first L.
-    hidden, part = model.hidden_states(
-      tok[:, None], cache=part, attend_len=attend_len
+    hidden, cache = model.hidden_states(
+      tok[:, None], cache=cache, attend_len=attend_len
     )
     q, _ = processed_probs(model.logits(hidden), state.sampling)
     key = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, j + 2)
     tok = sampling.draw(key, q[:, 0])
     drafts.append(tok)
     qs.append(q[:, 0])
+  return jnp.stack(drafts, 1), jnp.stack(qs, 1), cache
+
+
+def layers_draft(model, state, keys, *, k, layers, attend_len):
+  """Self-speculation: `sample_drafts` of the first `layers` layers +
+  head on those layers of the target's cache (which the verify pass
+  rewrites) -> (drafts, q, the cache)."""
+  cache = state.cache
+  # `_cached_layers` zips the layers with the cache: a cache of L layers
+  # runs the first L.
+  part = KVCache(
+    k=cache.k[:layers], v=cache.v[:layers], segment_ids=None, index=cache.index
+  )
+  drafts, q, part = sample_drafts(
+    model, part, state, keys, k=k, attend_len=attend_len
+  )
   cache = cache.replace(
     k=part.k + cache.k[layers:], v=part.v + cache.v[layers:]
   )
-  return jnp.stack(drafts, 1), jnp.stack(qs, 1), cache
+  return drafts, q, cache
+
+
+def model_draft(draft, state, keys, *, k, attend_len):
+  """A separate draft checkpoint (`draft_model.DraftModel`) on its own
+  cache (`DecodeState.draft`, kept at the target's index) -> (drafts, q,
+  its cache). A (k+1)-th forward writes d_k's keys/values: when all k are
+  accepted the next round starts after d_k and the bonus token."""
+  model = nnx.merge(draft.graphdef, draft.params)
+  cache = state.draft.replace(index=state.cache.index)
+  drafts, q, cache = sample_drafts(
+    model, cache, state, keys, k=k, attend_len=attend_len
+  )
+  _, cache = model.hidden_states(
+    drafts[:, -1:], cache=cache, attend_len=attend_len
+  )
+  return drafts, q, cache
 
 
 # ------------------------------------------------------------ one round
 
 
-def spec_round(graphdef, params, state, live, room, stop_ids, spec, attend_len):
+def spec_round(
+  graphdef, params, state, live, room, stop_ids, spec, attend_len, draft
+):
   """One speculative round of every slot. live [N]: slots that emit;
-  room [N]: most tokens each may still put in this chunk. Returns (state,
+  room [N]: most tokens each may still put in this chunk; draft: the
+  `DraftModel` of draft='model' (else None). Returns (state,
   tokens [N, k+1], logp [N, k+1], logp_truncated [N, k+1], m [N]: how
   many of them each slot emitted)."""
   model = nnx.merge(graphdef, params)
   k = spec.k
   keys = jax.vmap(jax.random.fold_in)(state.keys, state.steps)
-  cache = state.cache
+  cache, draft_cache = state.cache, state.draft
   if spec.draft == 'ngram':
     drafts = ngram_draft(
       state.history, cache.index, state.tokens, k=k, n=spec.ngram
     )
     q = None
+  elif spec.draft == 'model':
+    drafts, q, draft_cache = model_draft(
+      draft, state, keys, k=k, attend_len=attend_len
+    )
   else:
     drafts, q, cache = layers_draft(
       model, state, keys, k=k, layers=spec.draft_layers, attend_len=attend_len
@@ -271,8 +247,11 @@ def spec_round(graphdef, params, state, live, room, stop_ids, spec, attend_len):
   rows = jnp.arange(out.shape[0])[:, None]
   history = state.history.at[rows, slot].set(fed, mode='drop')
   last = jnp.take_along_axis(out, jnp.maximum(m - 1, 0)[:, None], 1)[:, 0]
+  if draft_cache is not None:
+    draft_cache = draft_cache.replace(index=index + m)
   state = state.replace(
     cache=cache.replace(index=index + m),
+    draft=draft_cache,
     tokens=jnp.where(m > 0, last, state.tokens),
     steps=state.steps + m,
     history=history,
@@ -293,9 +272,11 @@ def spec_chunk(
   attend_len,
   spec,
   cache_len,
+  draft=None,
 ):
   """`decode.decode_chunk` by speculative rounds: each slot emits up to
-  `num_steps` tokens (up to k + 1 per round) into the same `Chunk`."""
+  `num_steps` tokens (up to k + 1 per round) into the same `Chunk`;
+  `draft`: the `DraftModel` of draft='model' (a jit argument)."""
   n, k = state.tokens.shape[0], spec.k
   attend = min(attend_len + k + 1, cache_len)
   buf = (
@@ -326,6 +307,7 @@ def spec_chunk(
       stop_ids,
       spec,
       attend,
+      draft,
     )
     pos = jnp.arange(k + 1)[None]
     col = jnp.where(pos < m[:, None], done[:, None] + pos, num_steps)
@@ -344,13 +326,18 @@ def spec_chunk(
 # ------------------------------------------------------ engine plumbing
 
 
-def spec_insert(prefix, state, slots, limit, stop_ids) -> DecodeState:
+def spec_insert(
+  prefix, state, slots, limit, stop_ids, draft=None
+) -> DecodeState:
   """`decode.insert` plus each request's prompt and first token in the
-  slot's token history (the n-gram draft's context)."""
-  history = state.history
+  slot's token history (the n-gram draft's context) and, with a
+  `DraftModel`, the draft's cache of the prompt."""
+  history, draft_cache = state.history, state.draft
   new = decode.insert(
-    prefix, state.replace(history=None), slots, limit, stop_ids
+    prefix, state.replace(history=None, draft=None), slots, limit, stop_ids
   )
+  if draft is not None and prefix.prompt is not None:
+    draft_cache = draft_model.prefill(draft, draft_cache, prefix, slots)
   src = prefix.source
   if prefix.prompt is not None:
     prompt = prefix.prompt[src]
@@ -358,15 +345,19 @@ def spec_insert(prefix, state, slots, limit, stop_ids) -> DecodeState:
   history = history.at[slots, prefix.cache.index[src]].set(
     prefix.token, mode='drop'
   )
-  return new.replace(history=history)
+  return new.replace(history=history, draft=draft_cache)
 
 
 @dataclasses.dataclass(frozen=True)
 class SpeculativeLayout(layout.Layout):
   """`Layout` whose empty state has k + 1 cache slots of headroom (the
-  verify pass writes k + 1 positions) and a token history."""
+  verify pass writes k + 1 positions), a token history and, with a draft
+  model (`draft_config`), the draft's cache."""
 
-  speculative: SpeculativeConfig = SpeculativeConfig()
+  speculative: SpeculativeConfig = dataclasses.field(
+    default_factory=SpeculativeConfig
+  )
+  draft_config: Any = None
 
   @property
   def cache_len(self) -> int:
@@ -381,20 +372,30 @@ class SpeculativeLayout(layout.Layout):
       self.kv_dtype,
     )
     history = jnp.zeros((self.slots, self.cache_len), jnp.int32)
-    return self.replicate(state.replace(history=history))[0]
+    draft = None
+    if self.draft_config is not None:
+      draft = draft_model.empty_cache(
+        self.draft_config, self.slots, self.cache_len
+      )
+    return self.replicate(state.replace(history=history, draft=draft))[0]
 
 
-def with_speculation(programs: decode.Programs, lay: SpeculativeLayout):
+def with_speculation(
+  programs: decode.Programs,
+  lay: SpeculativeLayout,
+  draft: draft_model.DraftModel | None = None,
+):
   """`programs` with the decode chunk and insert replaced by speculative
-  ones (same signatures: the batched path and the Decoder are unchanged)."""
+  ones (same signatures: the batched path and the Decoder are unchanged;
+  the draft model's params go in as a jit argument, not a constant)."""
   chunk = functools.partial(
     spec_chunk, programs.graphdef, spec=lay.speculative, cache_len=lay.cache_len
   )
-  return programs._replace(
-    insert=jax.jit(spec_insert, donate_argnums=(1,)),
-    chunk=jax.jit(
-      chunk,
-      donate_argnums=(1,),
-      static_argnames=('num_steps', 'attend_len'),
-    ),
+  insert = jax.jit(spec_insert, donate_argnums=(1,))
+  chunk = jax.jit(
+    chunk, donate_argnums=(1,), static_argnames=('num_steps', 'attend_len')
   )
+  if draft is not None:
+    insert = functools.partial(insert, draft=draft)
+    chunk = functools.partial(chunk, draft=draft)
+  return programs._replace(insert=insert, chunk=chunk)

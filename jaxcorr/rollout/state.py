@@ -87,6 +87,9 @@ class DecodeState:
   # Speculative decoding only: int32 [N, T] each slot's tokens by position
   # (the n-gram draft's context); None otherwise.
   history: jax.Array | None = None
+  # Speculative draft='model' only: the draft model's KVCache, its layers
+  # x [N, K_d, T, Dh_d] (jaxcorr/rollout/draft_model.py); None otherwise.
+  draft: KVCache | None = None
 
 
 @flax.struct.dataclass

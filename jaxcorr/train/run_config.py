@@ -42,6 +42,7 @@ from jaxcorr.losses.objective_config import LossConfigs
 from jaxcorr.losses.rewards import KLControlConfig
 from jaxcorr.model.lora import LoraConfig
 from jaxcorr.rewards import RewardConfig
+from jaxcorr.rollout.speculative_config import SpeculativeConfig
 from jaxcorr.sharding import MeshConfig
 from jaxcorr.train.critic import CriticConfig
 from jaxcorr.train.distill import DistillConfig
@@ -208,6 +209,9 @@ class RunConfig:
     default_factory=DynamicSamplingConfig
   )
   distill: DistillConfig = dataclasses.field(default_factory=DistillConfig)
+  speculative: SpeculativeConfig = dataclasses.field(
+    default_factory=SpeculativeConfig
+  )
 
   @property
   def needs_ref(self) -> bool:

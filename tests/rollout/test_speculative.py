@@ -1,9 +1,14 @@
 """Exact speculative sampling (jaxcorr/rollout/speculative.py) on a tiny
 random model: the first two tokens' joint frequencies over many rows fit the
 target's processed distribution (chi-square), greedy ids equal
-non-speculative greedy, μ is the target's log-prob, bad configs fail."""
+non-speculative greedy, μ is the target's log-prob, bad configs fail. Each
+for the 'ngram', 'layers' and 'model' drafts; the 'model' draft is a
+checkpoint saved by a 0-step trainer run (a smaller pulse model) loaded
+through the trainer's loader, its policy another random model with the
+same vocabulary."""
 
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +18,7 @@ from flax import nnx
 from scipy import stats
 
 from jaxcorr import sampling
-from jaxcorr.rollout import decode, driver
+from jaxcorr.rollout import decode, draft_model, driver
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.speculative import (
   SpeculativeConfig,
@@ -22,8 +27,10 @@ from jaxcorr.rollout.speculative import (
   spec_chunk,
 )
 from jaxcorr.rollout.state import SamplingParams, pack_sampling
-from jaxcorr.train.rollouts.config import RolloutConfig
+from jaxcorr.train.checkpoints import model_source
+from jaxcorr.train.loop import Trainer
 from tests.helpers.model_testing import random_model, tiny_config
+from tests.helpers.trainer_config import pulse_config
 from tests.rollout import test_engine as contract
 
 CONTEXT = [
@@ -46,6 +53,32 @@ ROWS = 4096
 @pytest.fixture(scope='module')
 def model():
   return random_model(tiny_config())
+
+
+# The draft checkpoint: a 1-layer pulse model (vocabulary 27) saved by a
+# 0-step run as checkpoint 0.
+DRAFT_MODEL = dict(num_layers=1, hidden_size=32, intermediate_size=64)
+
+
+@pytest.fixture(scope='module')
+def draft(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('draft') / 'run'
+  config = pulse_config(
+    train__num_steps=0, train__sft_steps=0, train__eval_every=0
+  )
+  for name, value in DRAFT_MODEL.items():
+    config.model[name] = value
+  Trainer.from_config(config, str(workdir), config_name='test').train()
+  src = model_source.resolve(str(workdir), 'config.speculative.draft_model')
+  cfg = model_source.model_config(src, 'float32')
+  graphdef, params = model_source.load_params(src, cfg, None)
+  return draft_model.DraftModel(graphdef, cfg, params)
+
+
+@pytest.fixture(scope='module')
+def policy(draft):
+  """The checkpoint draft's target: 2 layers, the draft's vocabulary."""
+  return random_model(tiny_config(vocab_size=draft.config.vocab_size), seed=1)
 
 
 def _processed(model, tokens, sp):
@@ -71,9 +104,10 @@ def _expected(model, sp, depth):
   return out
 
 
-def _continue(model, spec, sp, steps=2):
+def _continue(model, spec, sp, steps=2, draft=None):
   """ROWS independent continuations of CONTEXT + [X0], two tokens each,
-  by the speculative chunk (spec) or the plain one (None)."""
+  by the speculative chunk (spec, with `draft` for draft='model') or the
+  plain one (None)."""
   cfg = model.config
   lay = SpeculativeLayout(
     config=cfg,
@@ -85,6 +119,7 @@ def _continue(model, spec, sp, steps=2):
     kept_capacity=0,
     mesh=None,
     speculative=spec or SpeculativeConfig(draft='ngram'),
+    draft_config=None if draft is None else draft.config,
   )
   graphdef, params = nnx.split(model)
   state = lay.empty_state()
@@ -104,6 +139,14 @@ def _continue(model, spec, sp, steps=2):
     active=live,
     history=state.history.at[:, : len(CONTEXT)].set(ctx),
   )
+  if draft is not None:  # the draft's cache of the context, as insert fills it
+    prefix = types.SimpleNamespace(
+      prompt=ctx[:1],
+      source=jnp.zeros((ROWS,), jnp.int32),
+      cache=types.SimpleNamespace(index=jnp.asarray([len(CONTEXT)])),
+    )
+    cache = draft_model.prefill(draft, state.draft, prefix, jnp.arange(ROWS))
+    state = state.replace(draft=cache)
   stop = jnp.asarray([-1], jnp.int32)
   if spec is None:
     fn = jax.jit(
@@ -125,6 +168,7 @@ def _continue(model, spec, sp, steps=2):
       attend_len=32,
       spec=spec,
       cache_len=lay.cache_len,
+      draft=draft,
     )
   assert np.all(np.asarray(chunk.counts) == steps)
   return chunk
@@ -177,10 +221,28 @@ def test_token_frequencies_fit_the_processed_target(model, spec, sp, depth):
   np.testing.assert_allclose(lpt[:, 0], np.log(p1[tokens[:, 0]]), atol=2e-5)
 
 
+MODEL = SpeculativeConfig(draft='model', k=3, draft_model='checkpoint')
+
+
+@pytest.mark.parametrize(
+  'sp, depth', [(TRUNCATED, 2), (TEMPERATURE, 1)], ids=['trunc', 'tau']
+)
+def test_token_frequencies_fit_with_the_checkpoint_draft(
+  policy, draft, sp, depth
+):
+  """The chi-square and μ checks above with draft='model': q is the
+  draft checkpoint's processed distribution on its own cache."""
+  chunk = _continue(policy, MODEL, sp, draft=draft)
+  tokens, lpt = np.asarray(chunk.tokens), np.asarray(chunk.logp_truncated)
+  assert _chi2_pvalue(tokens[:, :depth], _expected(policy, sp, depth)) > 1e-3
+  p1 = _processed(policy, [*CONTEXT, X0], sp)
+  np.testing.assert_allclose(lpt[:, 0], np.log(p1[tokens[:, 0]]), atol=2e-5)
+
+
 PROMPTS = [[3, 4, 5], list(range(10, 31)), [7], [9] * 9, [5, 6, 5, 6, 5]]
 
 
-def _engine(model, spec=None):
+def _engine(model, spec=None, draft=None):
   return PolicyEngine(
     model,
     max_concurrent_decodes=3,
@@ -188,6 +250,7 @@ def _engine(model, spec=None):
     max_target_length=64,
     decode_chunk=8,
     speculative=spec,
+    draft=draft,
   )
 
 
@@ -209,14 +272,25 @@ def test_greedy_ids_equal_plain_greedy(model, plain_greedy, draft):
   np.testing.assert_allclose(got.rollout_logp, base.rollout_logp, atol=1e-5)
 
 
+def test_greedy_ids_equal_plain_greedy_with_the_checkpoint_draft(policy, draft):
+  prompts = [[t % policy.config.vocab_size for t in p] for p in PROMPTS]
+  base = driver.generate(_engine(policy), prompts, **GREEDY)
+  got = driver.generate(_engine(policy, MODEL, draft), prompts, **GREEDY)
+  np.testing.assert_array_equal(got.response_tokens, base.response_tokens)
+  np.testing.assert_array_equal(got.response_mask, base.response_mask)
+  np.testing.assert_allclose(got.rollout_logp, base.rollout_logp, atol=1e-5)
+
+
 @pytest.mark.parametrize(
   'spec, kw, match',
   [
-    (dict(draft='ngram', k=0), {}, 'k=0'),
-    (dict(draft='bad'), {}, 'draft='),
+    (dict(draft='ngram', k=0), {}, r'\.k: invalid value 0'),
+    (dict(draft='bad'), {}, 'draft: invalid value'),
     (dict(draft='ngram'), dict(exact=True), 'rollout.exact'),
-    (dict(draft='ngram'), dict(kept_set_capacity=8), 'replay'),
-    (dict(draft='layers', draft_layers=2), {}, 'draft_layers=2'),
+    (dict(draft='ngram'), dict(kept_set_capacity=8), 'logprob_mode'),
+    (dict(draft='layers', draft_layers=2), {}, 'draft_layers: invalid value 2'),
+    (dict(draft='model', draft_model='x'), {}, 'a draft model given'),
+    (dict(draft='ngram', draft_model='x'), {}, 'draft_model: invalid'),
   ],
 )
 def test_bad_configs_fail_at_construction(model, spec, kw, match):
@@ -231,46 +305,44 @@ def test_bad_configs_fail_at_construction(model, spec, kw, match):
     )
 
 
-@pytest.mark.parametrize(
-  'fields, match',
-  [
-    (dict(speculative_draft='eagle'), 'speculative_draft'),
-    (dict(speculative_draft='ngram', speculative_k=0), 'speculative_k'),
-    (dict(speculative_draft='ngram', exact=True), r'\.exact'),
-    (
-      dict(speculative_draft='layers', logprob_mode='replay'),
-      r'\.logprob_mode',
-    ),
-  ],
-)
-def test_rollout_config_rejects_what_speculation_cannot_run(fields, match):
-  with pytest.raises(ValueError, match=match):
-    RolloutConfig(**fields)
-  assert RolloutConfig(speculative_draft='ngram').speculative_k == 4
+def test_a_draft_with_another_vocabulary_fails_at_construction(model, draft):
+  """The 27-id checkpoint draft for the 128-id policy."""
+  with pytest.raises(ValueError, match=r"draft_model.*policy's vocabulary"):
+    _engine(model, MODEL, draft)
 
 
-@pytest.fixture(scope='module', params=['ngram', 'layers'])
-def spec_engine(request, model):
-  return PolicyEngine(
-    model,
+@pytest.fixture(scope='module', params=['ngram', 'layers', 'model'])
+def spec_engine(request, model, policy, draft):
+  """(a speculative engine, its target model)."""
+  target = policy if request.param == 'model' else model
+  spec = SpeculativeConfig(
+    draft=request.param,
+    k=3,
+    draft_model='checkpoint' if request.param == 'model' else '',
+  )
+  engine = PolicyEngine(
+    target,
     max_concurrent_decodes=3,
     max_prefill_length=contract._PF,
     max_target_length=contract._TL,
-    speculative=SpeculativeConfig(draft=request.param, k=3),
+    speculative=spec,
+    draft=draft if request.param == 'model' else None,
   )
+  return engine, target
 
 
 @pytest.mark.parametrize(
   'temperature, top_k, top_p', [(1.0, 0, 1.0), (0.6, 5, 0.9)]
 )
 def test_engine_contract_holds_with_speculation(
-  spec_engine, model, temperature, top_k, top_p
+  spec_engine, temperature, top_k, top_p
 ):
   """tests/rollout/test_engine.py's contract test (validation, μ equal to
   the trainer's full and truncated log-probs, tokens inside the kept set)
   on a speculative engine."""
+  engine, target = spec_engine
   contract.test_logprobs_match_the_trainer(
-    spec_engine, model, temperature, top_k, top_p
+    engine, target, temperature, top_k, top_p
   )
 
 
@@ -293,3 +365,13 @@ def test_a_draft_equal_to_the_target_is_always_accepted(model):
   spec = SpeculativeConfig(draft='layers', k=3, draft_layers=2)
   chunk = _continue(model, spec, TRUNCATED, steps=4)
   assert int(chunk.steps) == 1
+
+
+def test_the_policy_as_its_own_checkpoint_draft_is_always_accepted(policy):
+  """draft='model' with the policy's own weights: q = p, two rounds of
+  k + 1 tokens for 8 tokens. The second round needs d_k's keys/values in
+  the draft's cache (the (k+1)-th draft forward): without them its
+  drafts attend to an empty slot and get rejected."""
+  own = draft_model.DraftModel.of(policy)
+  chunk = _continue(policy, MODEL, TRUNCATED, steps=8, draft=own)
+  assert int(chunk.steps) == 2

@@ -89,7 +89,13 @@ RESUMABLE = frozenset(
 )
 
 
-RENAMED = {'rollout.engine_quant': 'rollout.simulated_quant'}
+RENAMED = {
+  'rollout.engine_quant': 'rollout.simulated_quant',
+  'rollout.speculative_draft': 'speculative.draft',
+  'rollout.speculative_k': 'speculative.k',
+  'rollout.speculative_ngram': 'speculative.ngram',
+  'rollout.speculative_draft_layers': 'speculative.draft_layers',
+}
 """Fields renamed after runs were saved with them: old -> new dotted name.
 A saved config is read under the new names (`read_config`,
 `config_changes`), so such a run resumes, exports and evaluates as

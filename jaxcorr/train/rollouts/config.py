@@ -143,26 +143,6 @@ class RolloutConfig:
     'attention over the whole cache, π_old in engine_dtype: docs/rollout.md '
     '"Exact mode"); unquantized engines, logprob_mode=\'full\'.',
   )
-  speculative_draft: str = setting(
-    'off',
-    one_of('off', 'ngram', 'layers'),
-    "Speculative decoding's draft (docs/speculative.md): 'off', 'ngram' "
-    "(prompt lookup in the row's context) or 'layers' (the policy's first "
-    'speculative_draft_layers layers and its head); exact: the sampled '
-    'distribution and μ are unchanged.',
-  )
-  speculative_k: int = setting(
-    4, _POS, 'Speculative decoding: draft tokens verified per round.'
-  )
-  speculative_ngram: int = setting(
-    2, _POS, "speculative_draft='ngram': the n-gram length matched."
-  )
-  speculative_draft_layers: int = setting(
-    1,
-    _POS,
-    "speculative_draft='layers': the policy layers the draft runs "
-    '(< num_layers).',
-  )
   mode: str = setting(
     'sync',
     one_of('sync', 'async', 'stream'),
@@ -239,7 +219,6 @@ class RolloutConfig:
     p = validate(self)
     self._check_precision(p)
     self._check_exact(p)
-    self._check_speculative(p)
     if self.mode != 'sync' and self.max_staleness is None:
       fail(
         f'{p}.max_staleness',
@@ -302,25 +281,6 @@ class RolloutConfig:
         kv,
         f"no wider than engine_dtype={self.engine_dtype!r} ('model', a "
         "narrower float, 'int8' or 'fp8')",
-      )
-
-  def _check_speculative(self, p: str) -> None:
-    """What speculative decoding cannot run with (docs/speculative.md)."""
-    if self.speculative_draft == 'off':
-      return
-    if self.exact:
-      fail(
-        f'{p}.exact',
-        True,
-        f'False with {p}.speculative_draft={self.speculative_draft!r} (the '
-        "verify pass is a (k+1)-token forward, not exact mode's tiles)",
-      )
-    if self.logprob_mode == 'replay':
-      fail(
-        f'{p}.logprob_mode',
-        'replay',
-        f"'full' or 'truncated' with {p}.speculative_draft (the "
-        'speculative chunk records no kept sets)',
       )
 
   def _check_exact(self, p: str) -> None:

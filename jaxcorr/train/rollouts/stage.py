@@ -36,8 +36,8 @@ from jaxcorr.data.tasks import Example
 from jaxcorr.rewards import RewardScorer
 from jaxcorr.rollout import RolloutBatch, driver
 from jaxcorr.rollout.engine import PolicyEngine
-from jaxcorr.rollout.speculative import SpeculativeConfig
 from jaxcorr.rollout.state import SamplingParams
+from jaxcorr.train.rollouts import draft
 from jaxcorr.train.rollouts.weights import quant_spec
 from jaxcorr.train.run_config import RunConfig
 from jaxcorr.train.tracker.reduction import Metric, Metrics
@@ -104,12 +104,8 @@ def make_engine(run: RunConfig, policy: Any, mesh: Any) -> PolicyEngine:
     quantization=quant_spec(r),
     kv_cache_dtype=r.kv_cache_dtype,
     exact=r.exact,
-    speculative=SpeculativeConfig(
-      draft=r.speculative_draft,
-      k=r.speculative_k,
-      ngram=r.speculative_ngram,
-      draft_layers=r.speculative_draft_layers,
-    ),
+    speculative=run.speculative,
+    draft=draft.for_run(run, mesh),
   )
 
 
