@@ -4,12 +4,15 @@
   python bench/update.py --reps=5 --preset=bypass_pg_is --full-length
   python bench/update.py --like=DIR --new-tokens=512   # a real model's shape
   python bench/update.py --like=DIR --remat=none,dots  # two remat policies
+  python bench/update.py --like=DIR --dtype=float32,bfloat16  # compute dtypes
 
 `Steps.prepare` + `Steps.update` (jaxcorr/train/step.py) on one synthetic GRPO
 batch: 16 prompts x 4 samples, 32-token prompts, responses of up to 128
 tokens whose lengths spread from 10% to 100% of the cap (the engine's
 realistic-length workload, bench/rollout.py; `--full-length`: every row at
-the cap), the 5M Llama-style model of bench/rollout.py, float32. The same
+the cap), the 5M Llama-style model of bench/rollout.py, computing in
+`model.dtype` ('auto': float32 on CPU, bfloat16 over float32 weights on
+GPU / TPU; `--dtype` sets it, `--dtype=float32,bfloat16` compares). The same
 batch runs padded (`train.packing=False`) and packed (`True`), alternating
 warm repetitions; the report gives each side's median and range, the
 per-repetition paired ratio, the prepare/update split and the FLOP rate of
@@ -248,6 +251,12 @@ def parser() -> argparse.ArgumentParser:
     "--like); 'A,B' runs remat A against B, both on packed rows",
   )
   ap.add_argument(
+    '--dtype',
+    default='',
+    help="model.dtype of both sides (default: the config's, 'auto'); 'A,B' "
+    'runs compute dtype A against B (e.g. float32,bfloat16), both packed',
+  )
+  ap.add_argument(
     '--like',
     default='',
     help='HF model directory: its shape (config.json), random weights',
@@ -264,14 +273,21 @@ def main() -> None:
     vocab=vocab_size(args.like),
   )
   real = int(host.segment_ids.sum())
+  remat = args.remat or None
   if ',' in args.remat:  # two remat policies, both on packed rows
     sides = {
       f'remat={r}': Side(args, True, host, r) for r in args.remat.split(',')
     }
-  else:
+  elif ',' in args.dtype:  # two compute dtypes (mixed precision), packed
     sides = {
-      'padded': Side(args, False, host, args.remat or None),
-      'packed': Side(args, True, host, args.remat or None),
+      f'dtype={d}': Side(args, True, host, remat, {'model.dtype': d})
+      for d in args.dtype.split(',')
+    }
+  else:
+    sets = {'model.dtype': args.dtype} if args.dtype else None
+    sides = {
+      'padded': Side(args, False, host, remat, sets),
+      'packed': Side(args, True, host, remat, sets),
     }
   first, second = sides
   for s in sides.values():  # compile
