@@ -4,6 +4,7 @@
 #
 #   bash bench/device.sh OUT_DIR [PART ...]    # default: the parts below
 #   bash bench/device.sh OUT_DIR exact exact_tiles   # exact mode (~8 min)
+#   bash bench/device.sh OUT_DIR mixed_precision     # fp32 vs bf16 (~3 min)
 #
 # The machine has JAX with CUDA but none of jaxcorr's own requirements and no
 # network, so the caller brings them as wheels in .whl/ (ml-collections,
@@ -80,6 +81,11 @@ for p in $parts; do
   # SmolLM2's shape, packed rows, remat 'none' against 'dots'.
   smollm2_remat) part smollm2_remat 150 python3 bench/update.py --reps=3 \
     --like=$smol --new-tokens=512 --remat=none,dots ;;
+  # Mixed precision (issue 45 item 1): SmolLM2's shape, packed rows, the
+  # update computing in float32 (TF32 dots) against bfloat16 over float32
+  # master weights (model.dtype='auto' on a GPU).
+  mixed_precision) part mixed_precision 200 python3 bench/update.py \
+    --reps=3 --like=$smol --new-tokens=512 --dtype=float32,bfloat16 ;;
   # Exact mode's cost (issue 39 item 2): rollout tokens/s and the update
   # with rollout.exact on and off, alternating reps; then the token tile.
   exact) part exact 240 python3 bench/exact.py --reps=5 ;;
