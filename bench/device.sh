@@ -82,7 +82,7 @@ for p in $parts; do
   smollm2_remat) part smollm2_remat 150 python3 bench/update.py --reps=3 \
     --like=$smol --new-tokens=512 --remat=none,dots ;;
   # Mixed precision (issue 45 item 1): SmolLM2's shape, packed rows, the
-  # update computing in float32 (TF32 dots) against bfloat16 over float32
+  # update computing in float32 against bfloat16 over float32
   # master weights (model.dtype='auto' on a GPU).
   mixed_precision) part mixed_precision 200 python3 bench/update.py \
     --reps=3 --like=$smol --new-tokens=512 --dtype=float32,bfloat16 ;;
