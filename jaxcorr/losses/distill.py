@@ -16,6 +16,7 @@ reverse_kl_loss          `agg_t k(s_t, t_t)` (a direct loss; verl `k1`/`k3`)
 topk_kl                  `agg_t max(0, Σ_k p(log p − log q))` on a top-k
                          support, no renormalisation (verl `*_kl_topk`)
 generalized_jsd          `Σ_t m·JSD_β(t‖s)_t / Σ m` (TRL GKD)
+with_rest                a top-k support plus the rest of the mass (K + 1)
 teacher_gap_metrics      `teacher_corr/*`: the teacher's engine/trainer gap
 =======================  ===================================================
 
@@ -43,6 +44,8 @@ TEACHER_GAP_PREFIX = 'teacher_corr/'
 # verl's `clamp_log_probs`: top-k log-probs below log(1e-8) are raised to it
 # (a masked top-k entry is −inf; −inf − −inf would be NaN).
 _TOPK_LOG_FLOOR = math.log(1e-8)
+# `with_rest`: an empty rest of the vocabulary as a finite log-prob.
+_REST_FLOOR = 1e-30
 
 
 def _estimator(name: str) -> str:
@@ -198,6 +201,24 @@ def topk_kl(
     per = jnp.minimum(per, loss_clamp)
   per = jnp.maximum(per, 0.0)
   return agg_lib.aggregate(per, mask, agg), metrics
+
+
+def with_rest(
+  topk_logp: jax.Array, rest_logp: jax.Array | None = None
+) -> jax.Array:
+  """`[..., K]` log-probs on a top-k support -> `[..., K + 1]`: the K
+  entries and the rest of the mass, `log(1 − Σ_k e^{l_k})` (or
+  `rest_logp`, `[...]`, where the caller has it exactly: the student's
+  logsumexp off the support), floored at log 1e-30 so an empty rest stays
+  finite. A distribution on K + 1 categories: a divergence of two of them
+  is at most the full-vocabulary one (data processing) and equal when the
+  rest is empty. The 1 − Σ form cancels near full mass; its gradient is
+  for constants (the teacher), not for a trained side."""
+  if rest_logp is None:
+    mass = jnp.sum(jnp.exp(topk_logp), axis=-1)
+    rest_logp = jnp.log(jnp.maximum(1.0 - mass, _REST_FLOOR))
+  rest = jnp.maximum(rest_logp, math.log(_REST_FLOOR))
+  return jnp.concatenate([topk_logp, rest[..., None]], axis=-1)
 
 
 def _kl_rows(log_target: jax.Array, log_input: jax.Array) -> jax.Array:

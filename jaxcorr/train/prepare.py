@@ -32,6 +32,7 @@ from jaxcorr.losses import correction as corr_lib
 from jaxcorr.losses import masked, rewards
 from jaxcorr.train import scoring
 from jaxcorr.train.batch import TrainBatch
+from jaxcorr.train.distill import direct as distill_direct
 from jaxcorr.train.distill import score as distill_score
 from jaxcorr.train.packing import forward as packed_forward
 from jaxcorr.train.packing.layout import PackedRows
@@ -71,7 +72,8 @@ def prepare(
   """(the KL controller after this step, `batch` with the training fields
   filled, metrics of the global batch); with `packed` (`train.packing`)
   the forward passes run over its packed rows; with `teacher` (a
-  `distill.teacher.Teacher`) the advantages are the distillation's."""
+  `distill.teacher.Teacher`) the advantages are the distillation's, or
+  with a direct `distill.loss` the teacher's fields the update reads."""
   alg = run.algorithm
   sg = jax.lax.stop_gradient
   mask = batch.response_mask
@@ -111,7 +113,10 @@ def prepare(
     alg.advantage, scores, mask, batch.group_ids, values=batch.values
   )
   batch = batch.replace(advantages=adv, returns=returns)
-  if teacher is not None:  # on-policy distillation (jaxcorr/train/distill)
+  if teacher is not None and distill_direct.is_direct(run):  # its inputs
+    batch, distill_metrics = distill_direct.prepare_fields(run, teacher, batch)
+    metrics.update(distill_metrics)
+  elif teacher is not None:  # on-policy distillation (jaxcorr/train/distill)
     adv, distill_metrics = distill_score.distill_advantages(run, teacher, batch)
     batch = batch.replace(advantages=adv)
     metrics.update(distill_metrics)
