@@ -4,9 +4,9 @@ bf16's rounding, keeps the weights and AdamW's state float32, loses no tiny
 update, and `model.dtype='auto'` picks float32 on CPU, bf16 on GPU / TPU.
 
 Tolerances: bf16 keeps 8 significant bits (relative rounding 2^-9 ≈ 2e-3
-per op). Measured on the tiny random model below (log-probs around -5,
-three token draws): per-token log-prob gaps up to 0.065-0.074 (mean
-0.014-0.016), entropy up to 0.028, gradients 2.5-2.7% of their norm; the
+per op). Measured on the one-layer random model below (log-probs around
+-5, three token draws): per-token log-prob gaps up to 0.040-0.047 (mean
+0.012-0.013), entropy up to 0.026, gradients 1.5-1.6% of their norm; the
 limits are about 2x that. The pulse step's metrics moved by < 0.3%.
 """
 
@@ -35,9 +35,9 @@ from tests.helpers.model_testing import (
 from tests.helpers.step_batches import one_device_mesh, step_arrays
 from tests.helpers.trainer_config import pulse_config
 
-LOGP_ATOL = 0.15  # bf16 vs fp32 log-probs (and entropies), any token
-LOGP_MEAN = 0.03  # ... mean over the tokens
-GRAD_RTOL = 0.05  # |g_bf16 - g_fp32| / |g_fp32|, whole gradient tree
+LOGP_ATOL = 0.1  # bf16 vs fp32 log-probs (and entropies), any token
+LOGP_MEAN = 0.025  # ... mean over the tokens
+GRAD_RTOL = 0.035  # |g_bf16 - g_fp32| / |g_fp32|, whole gradient tree
 METRIC_RTOL = 0.01  # the step's loss, grad norm and correction metrics
 
 
@@ -68,9 +68,9 @@ def test_float16_refused_at_config_time(field):
 
 
 def _models():
-  """A random tiny model (float32 params) and the same weights computing
-  in bf16."""
-  fp32 = random_model(tiny_config())
+  """A random tiny model (one layer, float32 params) and the same weights
+  computing in bf16."""
+  fp32 = random_model(tiny_config(num_layers=1))
   return fp32, with_config(fp32, dtype=jnp.bfloat16)
 
 
