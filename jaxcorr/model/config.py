@@ -28,6 +28,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from jaxcorr.model.attention import ATTENTION
+
 ARCHITECTURES = {
   'LlamaForCausalLM': 'llama',
   'Qwen2ForCausalLM': 'qwen2',
@@ -103,6 +105,7 @@ class TransformerConfig:
   remat: str = 'none'
   scan_layers: bool = False
   matmul_precision: str | None = None  # e.g. 'highest' for fp32 on TPU
+  attention: str = 'jnp'  # one of ATTENTION (jaxcorr/model/attention.py)
   initializer_range: float = 0.02
   architecture: str = 'LlamaForCausalLM'
   bos_token_id: int | None = None
@@ -155,6 +158,10 @@ class TransformerConfig:
     if self.remat not in REMAT_POLICIES:
       raise ValueError(
         f'remat={self.remat!r}: expected one of {REMAT_POLICIES}'
+      )
+    if self.attention not in ATTENTION:
+      raise ValueError(
+        f'attention={self.attention!r}: expected one of {ATTENTION}'
       )
     if self.architecture not in ARCHITECTURES:
       raise UnsupportedModelError(

@@ -28,7 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxcorr.model import attention as fused
 from jaxcorr.model.config import RopeScaling, TransformerConfig
+from jaxcorr.model.context_parallel import gathered_attention, sequence_shards
 from jaxcorr.model.quantized_cache import QuantizedKV, attend_quantized
 from jaxcorr.model.quantized_weights import project
 from jaxcorr.sharding import constrain
@@ -183,9 +185,9 @@ def attend(
   T, Dh] with `heads_first`, the cache layout), mask [B or 1, S, T] (True =
   attend) -> [B, S, H, Dh].
 
-  Plain XLA einsums: the [B, K, G·S, T] float32 scores are materialised. A
-  fused kernel (splash / flash attention) taking segment ids would replace
-  this function only.
+  Plain XLA einsums: the [B, K, G·S, T] float32 scores are materialised.
+  The reference and the CPU path; the fused implementations
+  (`jaxcorr.model.attention`, `model.attention`) are tested against it.
 
   Heads first, a KV head's G query heads stacked along the query axis: each
   (row, KV head) is then one [G·S, Dh] x [Dh, T] product over contiguous
@@ -303,6 +305,7 @@ class Attention(nnx.Module):
     )
     qkv_bias = cfg.qkv_bias
     self.precision = matmul_precision(cfg)
+    self.attention = cfg.attention
     self.q_proj = Linear(
       'bsd,dhk->bshk',
       (d, h, dh),
@@ -355,7 +358,7 @@ class Attention(nnx.Module):
     k = constrain(k, ('batch', 'seq', 'act_kv_heads', None))
     v = constrain(v, ('batch', 'seq', 'act_kv_heads', None))
     if cache is None:
-      out = attend(q, k, v, mask, self.precision)
+      out = self._uncached(q, k, v, mask)
     else:
       cache = tuple(
         write_cache(c, jnp.swapaxes(new, 1, 2), cache_index)
@@ -365,8 +368,34 @@ class Attention(nnx.Module):
         out = attend_quantized(q, *cache, mask, attend_len, self.precision)
       else:
         k, v = (c[:, :, :attend_len].astype(q.dtype) for c in cache)
-        out = attend(q, k, v, mask, self.precision, heads_first=True)
+        impl = self._impl(q)
+        if impl == 'jnp' or q.shape[1] == 1:  # decode: docs/architecture.md
+          out = attend(q, k, v, mask, self.precision, heads_first=True)
+        else:  # a prefill or chunk: the fused kernel, cache layout swapped
+          k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
+          out = fused.masked_attention(impl, q, k, v, mask, self.precision)
     return self.o_proj(out), cache
+
+  def _impl(self, q: jax.Array) -> str:
+    """`cfg.attention` resolved for this backend and q's dtype."""
+    return fused.resolve(self.attention, jax.default_backend(), q.dtype)
+
+  def _uncached(self, q, k, v, mask) -> jax.Array:
+    """The forward without a cache: `mask` a `CausalSegments` (the
+    transformer's) or a dense [B or 1, S, S] array."""
+    impl = self._impl(q)
+    packed = isinstance(mask, fused.CausalSegments)
+    if packed and impl != 'jnp' and sequence_shards() == 1:
+      seg = mask.segment_ids
+      return fused.self_attention(impl, q, k, v, seg, self.precision)
+    if impl == 'jnp':
+      fn = functools.partial(attend, precision=self.precision)
+    else:
+      fn = functools.partial(fused.masked_attention, impl)
+      fn = functools.partial(fn, precision=self.precision)
+    # Rows split over the mesh's `sequence` axis: K/V gathered over it,
+    # each device building its own rows of a `CausalSegments` mask.
+    return gathered_attention(fn, q, k, v, mask)
 
 
 def write_cache(cache: jax.Array, new: jax.Array, index: jax.Array):

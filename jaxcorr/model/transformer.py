@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxcorr.model.attention import CausalSegments
 from jaxcorr.model.config import TransformerConfig
 from jaxcorr.model.layers import (
   DecoderLayer,
@@ -200,16 +201,12 @@ class Transformer(nnx.Module):
     b, s = tokens.shape
     tokens = constrain(tokens, ('batch', 'seq'))
     if cache is None:
-      if segment_ids is None:
-        idx = jnp.arange(s, dtype=jnp.int32)
-        mask = (idx[:, None] >= idx[None, :])[None]
-        if positions is None:
-          positions = jnp.broadcast_to(idx, (b, s))
-      else:
-        causal = jnp.tril(jnp.ones((s, s), bool))[None]
-        mask = causal & (segment_ids[:, :, None] == segment_ids[:, None, :])
-        if positions is None:
-          positions = segment_positions(segment_ids)
+      # Kept as segment ids: a fused kernel takes them (model.attention).
+      mask = CausalSegments(segment_ids, s)
+      if positions is None and segment_ids is None:
+        positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+      elif positions is None:
+        positions = segment_positions(segment_ids)
     else:
       mask, positions, cache = _cache_mask(
         cache, b, s, positions, segment_ids, attend_len

@@ -34,9 +34,9 @@ from jaxcorr.model import (
   REMAT_MODES,
   Transformer,
   TransformerConfig,
+  attention,
   load_hf,
 )
-from jaxcorr.model import attention
 from jaxcorr.model.attention import ATTENTION, allowed
 from jaxcorr.model.lora import LoraConfig, apply_lora
 from jaxcorr.train import mixed_precision
