@@ -368,10 +368,23 @@ def test_a_draft_equal_to_the_target_is_always_accepted(model):
 
 
 def test_the_policy_as_its_own_checkpoint_draft_is_always_accepted(policy):
-  """draft='model' with the policy's own weights: q = p, two rounds of
-  k + 1 tokens for 8 tokens. The second round needs d_k's keys/values in
-  the draft's cache (the (k+1)-th draft forward): without them its
-  drafts attend to an empty slot and get rejected."""
-  own = draft_model.DraftModel.of(policy)
-  chunk = _continue(policy, MODEL, TRUNCATED, steps=8, draft=own)
-  assert int(chunk.steps) == 2
+  """draft='model' with the policy's own weights through the engine
+  (insert, chunks): q = p, so 19 greedy tokens after the first take 5
+  rounds of up to k + 1 = 4 (chunks of 8: 4 + 4, 4 + 4, 3). Fails if
+  insert leaves the draft's cache of the prompt empty, or if the draft
+  does not write d_k's keys/values (the round after a full acceptance
+  attends to an empty slot)."""
+  engine = _engine(policy, MODEL, draft_model.DraftModel.of(policy))
+  rounds = []
+  inner = engine.batched.decode_chunk
+
+  def counted(state, *a, **kw):
+    state, chunk = inner(state, *a, **kw)
+    rounds.append(int(chunk.steps))
+    return state, chunk
+
+  engine.batched.decode_chunk = counted
+  prompts = [[3, 4, 5], [7] * 9, [5, 6, 5, 6, 5]]
+  out = driver.generate(engine, prompts, max_new_tokens=20, top_k=1)
+  assert np.asarray(out.response_mask).sum() == 3 * 20
+  assert sum(rounds) == 5

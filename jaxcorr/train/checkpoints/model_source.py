@@ -76,12 +76,12 @@ def run_config(src: ModelSource) -> ml_collections.ConfigDict:
 def model_config(src: ModelSource, dtype: str) -> Any:
   """The model's `TransformerConfig` in `dtype` (nothing loaded)."""
   if src.kind == 'hf':
-    cfg = transformer_config(ModelConfig(hf_path=src.path))
+    cfg = transformer_config(ModelConfig(hf_path=src.path), backend='cpu')
   else:  # the run's model section, mapped as the trainer maps it
     model = convert.build(
       ModelConfig, 'config.model', convert.values(run_config(src).model)
     )
-    cfg = transformer_config(model)
+    cfg = transformer_config(model, backend='cpu')
   return dataclasses.replace(
     cfg, dtype=jnp.dtype(dtype), param_dtype=jnp.dtype(dtype)
   )

@@ -70,7 +70,7 @@ def check_for_run(run: Any) -> tuple[model_source.ModelSource, Any] | None:
   model_source.check_same_tokens(
     src,
     cfg,
-    transformer_config(run.model),
+    transformer_config(run.model, backend='cpu'),  # vocab_size only
     policy_tok,
     FIELD,
     ('draft', 'policy'),
