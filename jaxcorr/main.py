@@ -78,6 +78,7 @@ def main(argv: Sequence[str]) -> None:
     # error (one line: console.run).
     run = build.build(_CONFIG.value)
     distributed.initialize_from_flags()
+    build.check_backend(run)  # the backend may start now
   except ValueError as e:
     raise app.UsageError(str(e)) from e
   from jaxcorr.agents.failures import EnvironmentFailing

@@ -51,7 +51,11 @@ from jaxcorr.train.distill import direct as distill_direct
 from jaxcorr.train.distill import teacher as distill_teacher
 from jaxcorr.train.evals import sets as eval_sets
 from jaxcorr.train.evals.config import EvalConfig
-from jaxcorr.train.policy import ModelConfig, transformer_config
+from jaxcorr.train.policy import (
+  ModelConfig,
+  check_attention,
+  transformer_config,
+)
 from jaxcorr.train.rollouts import draft as spec_draft
 from jaxcorr.train.rollouts import dynamic_sampling
 from jaxcorr.train.rollouts.config import RolloutConfig
@@ -393,6 +397,14 @@ def check_precision(run: RunConfig) -> None:
     fields.fail(
       'config.rollout.quantize_activations', r.quantize_activations, why
     )
+
+
+def check_backend(run: RunConfig) -> None:
+  """Start-up checks that ask the backend, run after `jax.distributed`
+  (`jaxcorr.main`): `model.attention` runs on it in the trainer's and the
+  engine's dtypes (`jaxcorr.train.policy.check_attention`)."""
+  backend = jax.default_backend()
+  check_attention(run.model, run.rollout.engine_dtype, backend)
 
 
 def check_components(run: RunConfig) -> None:

@@ -16,7 +16,9 @@ from flax import nnx
 from jaxcorr.model import Transformer, TransformerConfig
 from jaxcorr.model import attention as fused
 from jaxcorr.model.layers import attend
+from jaxcorr.train import build
 from jaxcorr.train.policy import ModelConfig, check_attention
+from tests.helpers.trainer_config import pulse_config
 
 FUSED = ('xla', 'splash_interpret')
 TOL = {'float32': 1e-5, 'bfloat16': 3e-2}
@@ -197,3 +199,12 @@ def test_backend_accepts_what_it_runs():
   assert fused.resolve('auto', 'cpu', jnp.float32) == 'jnp'
   assert fused.resolve('auto', 'gpu', jnp.bfloat16) == 'cudnn'
   assert fused.resolve('auto', 'tpu', jnp.float32) == 'splash'
+
+
+def test_start_up_check_reads_the_run_config():
+  """`build.check_backend` (jaxcorr.main calls it after jax.distributed)
+  refuses what this CPU backend cannot run, naming the field."""
+  run = build.build(pulse_config(model__attention='cudnn'))
+  with pytest.raises(ValueError, match=r"^config\.model\.attention: .*'jnp'"):
+    build.check_backend(run)
+  build.check_backend(build.build(pulse_config(model__attention='xla')))
