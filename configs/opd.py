@@ -25,6 +25,12 @@ OPD_PRESETS: dict[str, dict[str, Any]] = {
     'distill.logp_source': 'engine',
     'distill.correct_teacher': False,
   },
+  # Direct losses in the update on the current student (the policy loss
+  # trains on zero advantages unless distill.task_reward): verl
+  # distillation.loss_mode k3, forward_kl_topk; TRL GKD's JSD at lambda 1.
+  'opd_direct_k3': {'distill.loss': 'reverse_kl', 'distill.estimator': 'k3'},
+  'opd_topk': {'distill.loss': 'topk_kl', 'distill.topk': 16},
+  'opd_gjsd': {'distill.loss': 'gjsd', 'distill.topk': 16, 'distill.beta': 0.5},
 }
 
 
