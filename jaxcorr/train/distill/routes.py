@@ -10,8 +10,7 @@ mul for arithmetic, a reasoning-gym task name, else the data source's
 name). `route_table` turns the routes into a tuple, task id -> teacher
 index, fixed at start-up (a static argument of `prepare`): a task with no
 teacher and a teacher with no task are one-line errors naming the field.
-A single `distill.teacher` is the one-teacher case: every task routes to
-it.
+A single `distill.teacher` takes every task (no table to check).
 """
 
 from __future__ import annotations
@@ -72,10 +71,8 @@ def route_table(
   names: Sequence[str],
   routes: Sequence[tuple[str, str]],
 ) -> tuple[int, ...]:
-  """Task id -> teacher index (module doc). One teacher takes every task;
-  otherwise each task's route, or with no routes the teacher of its name."""
-  if len(names) == 1:
-    return (0,) * len(tasks)
+  """Task id -> teacher index (module doc): each task's route, or with no
+  routes the teacher of its name."""
   chosen = dict(routes) if routes else {t: t for t in tasks if t in names}
   shown = ', '.join(map(repr, tasks))
   missing = [t for t in tasks if t not in chosen]

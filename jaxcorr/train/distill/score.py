@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
 from jaxcorr.losses import distill as distill_loss
 from jaxcorr.model.lora import LoraConfig
 from jaxcorr.train import scoring
 from jaxcorr.train.batch import TrainBatch
+from jaxcorr.train.distill import mopd
+from jaxcorr.train.distill.teacher import Teachers
 
 
 def _teacher_run(run: Any) -> Any:
@@ -43,16 +43,19 @@ def _teacher_run(run: Any) -> Any:
   return dataclasses.replace(run, rollout=rollout, lora=LoraConfig(), moe=moe)
 
 
+def teacher_forward(run: Any, graphdef: Any, *, engine: bool) -> Any:
+  """`fn(params, rows) -> [b, T]`: one teacher's trainer-side forward
+  (`scoring.response_logp`) or the engine's (`scoring.exact_logp`)."""
+  score = scoring.exact_logp if engine else scoring.response_logp
+  return functools.partial(score, _teacher_run(run), graphdef)
+
+
 def teacher_logp(
   run: Any, graphdef: Any, params: Any, batch: TrainBatch, *, engine: bool
 ) -> jax.Array:
   """`[B, T]` teacher log-probs of the batch's response tokens (0 off the
   response), in micro-batch-sized chunks, under `stop_gradient`."""
-  teacher_run = _teacher_run(run)
-  if engine:
-    fn = functools.partial(scoring.exact_logp, teacher_run, graphdef)
-  else:
-    fn = functools.partial(scoring.response_logp, teacher_run, graphdef)
+  fn = teacher_forward(run, graphdef, engine=engine)
   chunks = run.train.mini_batches * run.train.micro_batches
   return jax.lax.stop_gradient(scoring.in_chunks(fn, params, batch, chunks))
 
@@ -61,7 +64,12 @@ def teacher_scores(
   run: Any, teacher: Any, batch: TrainBatch
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """(the `[B, T]` teacher log-probs the run trains on, the
-  `teacher_corr/` metrics when the engine pass runs too)."""
+  `teacher_corr/` metrics when the engine pass runs too); with several
+  teachers (`Teachers`) each row's own teacher's (jaxcorr/train/distill/
+  mopd.py) and the `distill/<name>/` metrics."""
+  if isinstance(teacher, Teachers):
+    forward = functools.partial(teacher_forward, run)
+    return mopd.routed_scores(run, teacher, batch, forward)
   cfg = run.distill
   graphdef, params = teacher.graphdef, teacher.params
   trainer = teacher_logp(run, graphdef, params, batch, engine=False)
@@ -93,17 +101,3 @@ def distill_advantages(
     estimator=cfg.estimator,
   )
   return adv, {**metrics, **kl_metrics}
-
-
-def teacher_index(sources: Sequence[str], routes: Sequence[str]) -> np.ndarray:
-  """Multi-teacher (MOPD): `[B]` int32, row b's teacher = the position of
-  its data source in `routes` (then `losses.distill.select_teacher`); a
-  source with no teacher is a one-line error naming it."""
-  where = {name: i for i, name in enumerate(routes)}
-  missing = sorted({s for s in sources if s not in where})
-  if missing:
-    raise ValueError(
-      f'config.distill: no teacher for data source(s) {missing}; allowed: '
-      + ', '.join(map(repr, routes))
-    )
-  return np.asarray([where[s] for s in sources], np.int32)

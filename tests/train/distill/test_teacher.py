@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 
 import jax
-import numpy as np
 import pytest
 
 from jaxcorr.train import build
-from jaxcorr.train.distill import score, teacher
+from jaxcorr.train.distill import routes, teacher
 from tests.helpers.trainer_config import pulse_config
 
 FIELD = r'config\.distill\.teacher'
@@ -42,7 +41,7 @@ def _one_line_error(config, match):
 
 def test_matching_workdir_teacher_passes_the_checks(tmp_path):
   run = build.build(_student(_workdir(tmp_path / 't')))
-  src, cfg = teacher.check_for_run(run)
+  ((src, cfg),) = teacher.check_for_run(run)
   assert src.kind == 'workdir' and src.step is None
   assert cfg.vocab_size == run.model.vocab_size
   assert teacher.resolve(f'{src.path}@7').step == 7
@@ -86,11 +85,35 @@ def test_teacher_too_large_for_the_mesh():
   assert '\n' not in str(e.value)
 
 
-def test_multi_teacher_routing():
-  ids = score.teacher_index(['math', 'code', 'math'], ['code', 'math'])
-  np.testing.assert_array_equal(ids, [1, 0, 1])
-  with pytest.raises(ValueError, match=r"config\.distill.*'chat'"):
-    score.teacher_index(['chat'], ['code', 'math'])
+def test_multi_teacher_route_table():
+  names, tasks = ('code', 'math'), ('math', 'code', 'chat')
+  table = routes.route_table(
+    tasks, names, [('math', 'math'), ('code', 'code'), ('chat', 'math')]
+  )
+  assert table == (1, 0, 1)
+  assert routes.route_table(tasks[:2], names, ()) == (1, 0)  # by name
+  with pytest.raises(ValueError, match=r"distill\.routes.*'chat'") as e:
+    routes.route_table(tasks, names, ())
+  assert '\n' not in str(e.value)
+  with pytest.raises(ValueError, match=r'distill\.teachers.*twice'):
+    routes.parse_teachers('a=/x,a=/y')
+
+
+def test_lora_student_counts_what_is_resident():
+  """A LoRA student keeps its frozen base once (no moments, no
+  gradients) and only the adapters 4x: a teacher that fits beside it is
+  not refused as if every weight trained."""
+  full = build.build(pulse_config())
+  lora = build.build(pulse_config(lora__rank=2, train__sft_steps=0))
+  base = teacher.param_bytes(teacher.transformer_config(full.model))
+  assert teacher.student_bytes(full) == 4 * base
+  small = teacher.student_bytes(lora)
+  assert base < small < 2 * base  # base once + the (small) adapters 4x
+  mesh = jax.make_mesh((1,), ('fsdp',))
+  limit = base + small  # a same-size teacher beside the LoRA student
+  teacher.check_fits(base, mesh, limit, student_bytes=small)
+  with pytest.raises(ValueError, match=FIELD + r'.*GiB per device'):
+    teacher.check_fits(base, mesh, limit, student_bytes=4 * base)
 
 
 def test_scratch_workdir_teacher_has_its_own_tokenizer_identity(tmp_path):
