@@ -5,6 +5,7 @@
 #   bash bench/device.sh OUT_DIR [PART ...]    # default: the parts below
 #   bash bench/device.sh OUT_DIR exact exact_tiles   # exact mode (~8 min)
 #   bash bench/device.sh OUT_DIR mixed_precision     # fp32 vs bf16 (~3 min)
+#   bash bench/device.sh OUT_DIR attention           # fused attention (~3 min)
 #
 # The machine has JAX with CUDA but none of jaxcorr's own requirements and no
 # network, so the caller brings them as wheels in .whl/ (ml-collections,
@@ -86,6 +87,13 @@ for p in $parts; do
   # master weights (model.dtype='auto' on a GPU).
   mixed_precision) part mixed_precision 200 python3 bench/update.py \
     --reps=3 --like=$smol --new-tokens=512 --dtype=float32,bfloat16 ;;
+  # Fused attention (issue 45 item 2): SmolLM2's layer shape, packed rows
+  # of 2048, bf16: the jnp reference against XLA's and cuDNN's
+  # dot_product_attention (the op with its differences, and the trunk's
+  # forward + backward).
+  attention) part attention 180 python3 bench/attention.py \
+    --impls=jnp,xla,cudnn --dtype=bfloat16 --rows=8 --length=2048 \
+    --layers=4 --reps=5 ;;
   # Exact mode's cost (issue 39 item 2): rollout tokens/s and the update
   # with rollout.exact on and off, alternating reps; then the token tile.
   exact) part exact 240 python3 bench/exact.py --reps=5 ;;
