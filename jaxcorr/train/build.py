@@ -392,7 +392,11 @@ def check_precision(run: RunConfig) -> None:
     refusal = precision.block_refusal(model, block)
     if refusal:
       fields.fail('config.rollout.quantization_block', block, *refusal)
-  why = precision.unsupported(quant_spec(r), jax.default_backend())
+  spec, why = quant_spec(r), None
+  if spec is not None and spec.activations:
+    # Only W8A8 depends on the backend. Asking for it starts it, which must
+    # wait for jax.distributed (jaxcorr.main builds the config first).
+    why = precision.unsupported(spec, jax.default_backend())
   if why:
     fields.fail(
       'config.rollout.quantize_activations', r.quantize_activations, why
