@@ -11,7 +11,7 @@ fields::
 
 Names:
 
-* the 30 presets of `PRESETS` (the first 19 carry verl's names and values;
+* the 31 presets of `PRESETS` (the first 19 carry verl's names and values;
   three use the stale-data losses `m2po`, `topr` and `cispo_rollout`
   (jaxcorr/losses/policy/ratio.py, jaxcorr/losses/policy/logprob.py), and
   `nemo_seq_logprob_error` NeMo-RL's sequence log-prob-error mask);
@@ -120,6 +120,9 @@ PRESETS: dict[str, dict[str, Any]] = {
   'decoupled_m2po': {**_DEC, 'actor.policy_loss': 'm2po'},
   'decoupled_topr': {**_DEC, 'actor.policy_loss': 'topr'},
   'bypass_cispo_rollout': {**_PPO, 'actor.policy_loss': 'cispo_rollout'},
+  # M2PO's ratio against μ itself: with one update per batch, decoupled
+  # M2PO's π_θ/π_old is 1 and it trains exactly as 'disabled' does.
+  'bypass_m2po': {**_PPO, 'actor.policy_loss': 'm2po'},
   # NeMo-RL's seq_logprob_error_threshold defaults to null (metrics only);
   # 2 is the value of its published recipe, examples/nemo_gym/grpo_nanov3.yaml.
   'nemo_seq_logprob_error': {**_DEC, **_rs('seq_mean_mpe', '2.0')},

@@ -96,6 +96,7 @@ TABLE = {
   'decoupled_m2po': (C(), {'policy_loss': 'm2po'}),
   'decoupled_topr': (C(), {'policy_loss': 'topr'}),
   'bypass_cispo_rollout': (C(mode='bypass'), {'policy_loss': 'cispo_rollout'}),
+  'bypass_m2po': (C(mode='bypass'), {'policy_loss': 'm2po'}),
   'nemo_seq_logprob_error': (
     C(rs=('seq_mean_mpe',), rs_bounds=((None, 2.0),)),
     {},
@@ -135,7 +136,7 @@ def _build(name=None, **overrides):
 
 def test_table_covers_every_preset():
   assert set(TABLE) == set(presets.PRESETS)
-  assert len(presets.PRESETS) == 30
+  assert len(presets.PRESETS) == 31
   # The first 19 carry verl's names (golden meta records verl's list).
   verl_names = gd.load('verl').meta['presets']
   assert len(verl_names) == 19

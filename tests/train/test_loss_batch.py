@@ -170,6 +170,25 @@ def test_exact_score_norms_are_per_row_gradients():
   np.testing.assert_allclose(got, (mu**2).sum(1), rtol=1e-5)
 
 
+@pytest.mark.parametrize('chunk', [1, 3, B])
+def test_score_norms_are_the_same_in_any_chunk(monkeypatch, chunk):
+  """Rows vmapped in chunks of 1, 3 (a remainder) or all B give the same
+  norms as row by row."""
+  b = jax.tree.map(jnp.asarray, _prepared())
+  w = jnp.linspace(-1.0, 1.0, T)
+
+  def row_logp(params, row):
+    return jnp.sum(
+      jnp.where(row.response_mask, jnp.sin(params) * row.rollout_logp, 0)
+    )
+
+  want = loss_batch.score_sq_norms(row_logp, w, b)
+  monkeypatch.setattr(loss_batch, 'SCORE_CHUNK_BYTES', chunk * w.size * 4)
+  assert loss_batch.score_chunk_rows(w, B) == chunk
+  got = loss_batch.score_sq_norms(row_logp, w, b)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 @pytest.mark.parametrize(
   ('overrides', 'field'),
   [
