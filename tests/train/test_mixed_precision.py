@@ -12,6 +12,11 @@ limits are about 2x that. The pulse step's metrics moved by < 0.3%.
 
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,6 +40,7 @@ from tests.helpers.model_testing import (
 from tests.helpers.step_batches import one_device_mesh, step_arrays
 from tests.helpers.trainer_config import pulse_config
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 LOGP_ATOL = 0.1  # bf16 vs fp32 log-probs (and entropies), any token
 LOGP_MEAN = 0.025  # ... mean over the tokens
 GRAD_RTOL = 0.035  # |g_bf16 - g_fp32| / |g_fp32|, whole gradient tree
@@ -56,6 +62,29 @@ def test_auto_resolves_by_backend():
   # CPU runs keep their float32 numbers: the default resolves to float32.
   run = build.build(pulse_config())
   assert transformer_config(run.model).dtype == jnp.float32
+
+
+def test_config_build_leaves_the_backend_unstarted():
+  """`jaxcorr.main` builds the config before `jax.distributed.initialize`,
+  which refuses a started backend: neither 'auto' nor any start-up check
+  may ask JAX for its backend (a fresh process: this one's has started)."""
+  code = (
+    'from jax._src import xla_bridge\n'
+    'from jaxcorr.train import build\n'
+    'from tests.helpers.trainer_config import pulse_config\n'
+    'build.build(pulse_config())\n'
+    'print(xla_bridge.backends_are_initialized())\n'
+  )
+  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu')
+  out = subprocess.run(
+    [sys.executable, '-c', code],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    check=True,
+  )
+  assert out.stdout.split()[-1] == 'False'
 
 
 @pytest.mark.parametrize('field', ['dtype', 'param_dtype'])
