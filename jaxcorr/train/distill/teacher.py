@@ -141,7 +141,8 @@ def check_for_run(run: Any) -> tuple[tuple[TeacherSource, Any], ...]:
   (`routes.route_table`). Returns each teacher's (source, its
   TransformerConfig), in `distill.members` order."""
   cfg = run.distill
-  s_cfg = transformer_config(run.model)
+  # Tokens and vocabulary only: no backend asked for model.dtype='auto'.
+  s_cfg = transformer_config(run.model, backend='cpu')
   student_tok = tokenizer_identity(run.model.hf_path, run.data.tokenizer)
   out = []
   for name, path in cfg.members:
