@@ -17,6 +17,8 @@ from jax.sharding import PartitionSpec as P
 from jaxcorr import sharding as sh
 from jaxcorr.model import logprobs_from_hidden, token_logprobs
 from jaxcorr.model.context_parallel import sequence_shards
+from jaxcorr.train import build
+from jaxcorr.train.packing import layout
 from tests.helpers.model_testing import (
   random_model,
   random_tokens,
@@ -24,6 +26,11 @@ from tests.helpers.model_testing import (
   stack_layers,
   tiny_config,
 )
+from tests.helpers.step_batches import step_arrays
+from tests.helpers.trainer_config import pulse_config
+from tests.helpers.wide_rows import widen
+from tests.model.test_moe import moe_config
+from tests.train.packing.test_packed_step import _step
 
 S = 32  # row length: divides by every sequence axis below
 
@@ -150,6 +157,62 @@ def test_chunked_head_keeps_each_shard_local():
     assert all(d.count(',') < 2 for d in moved), (cut, moved)
     np.testing.assert_allclose(got[0][1], ref[0][1], atol=1e-6)
     np.testing.assert_allclose(got[1], ref[1], atol=1e-6, err_msg=str(cut))
+
+
+def test_context_parallel_moe_equals_unsplit():
+  """MoE layers route each position on its own device: the same loss,
+  gradients within float32 reordering of the expert sums."""
+  from jaxcorr.model import Transformer
+
+  cfg = moe_config(scan_layers=True, mlp_only_layers=())
+  graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+  tokens = jax.random.randint(jax.random.key(0), (4, S), 0, cfg.vocab_size)
+  weights = jnp.ones((4, S - 1))
+  run = jax.jit(_run, static_argnums=0)
+  ref = run(graphdef, state, tokens, None, weights)
+  mesh = sh.make_mesh(dict(fsdp=2, sequence=4))
+  placed = jax.device_put(state, sh.param_shardings(state, mesh))
+  batch = shard_batch(dict(t=tokens, w=weights), mesh)
+  with jax.set_mesh(mesh):
+    got = run(graphdef, placed, batch['t'], None, batch['w'])
+  np.testing.assert_allclose(got[0], ref[0], rtol=1e-6)
+  np.testing.assert_allclose(got[1], ref[1], rtol=1e-6, atol=1e-6)
+  for a, b in zip(jax.tree.leaves(got[2]), jax.tree.leaves(ref[2])):
+    np.testing.assert_allclose(a, b, atol=1e-5 * float(np.abs(b).max()))
+
+
+@pytest.mark.slow  # ~2 min; the model tests above cover CP in CI
+def test_rl_step_with_context_parallelism():
+  """A whole prepare + update on fsdp=2 x sequence=4, rows unpacked and
+  packed, against fsdp=8: the same metrics and updated params."""
+  run = build.build(
+    pulse_config(train__shuffle_minibatches=False, optim__warmup_steps=0)
+  )
+  arrays = widen(step_arrays(run, 8), 5)  # 16 positions: 4 per device
+  _, ref, ref_metrics = _step(run, arrays, mesh=sh.make_mesh(dict(fsdp=8)))
+  assert ref_metrics['actor/loss_token_count'] > 0
+  mesh = sh.make_mesh(dict(fsdp=2, sequence=4))
+  packed = layout.pack(arrays, mini_batches=1, micro_batches=1, shards=2)
+  for pk in (None, packed):
+    _, got, metrics = _step(run, arrays, pk, mesh=mesh)
+    for k, v in ref_metrics.items():
+      np.testing.assert_allclose(metrics[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+      np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_config_errors_name_the_fields():
+  """Rows the axis does not divide, and exact mode (the engine's unsplit
+  forward replayed on the trainer), are config-time errors."""
+  c = pulse_config()
+  length = c.rollout.max_prompt_length + c.rollout.max_new_tokens
+  bad = next(n for n in range(2, length + 2) if length % n)
+  with pytest.raises(ValueError, match=rf'config\.mesh\.sequence.*{length}'):
+    build.build(pulse_config(mesh__sequence=bad))
+  good = next(n for n in range(2, length + 1) if length % n == 0)
+  assert build.build(pulse_config(mesh__sequence=good)).mesh.sequence == good
+  with pytest.raises(ValueError, match=r'config\.rollout\.exact.*sequence'):
+    build.build(pulse_config(mesh__sequence=good, rollout__exact=True))
 
 
 # ------------------------------------------------------------ mesh rules

@@ -77,7 +77,7 @@ def target(
   if len(devices) < n:
     raise ValueError(f'--mesh={mesh} needs {n} devices, have {len(devices)}')
   train_mesh = sharding.make_mesh(run.mesh, devices=devices[:n])
-  engine_mesh = train_mesh
+  engine_mesh = sharding.engine_mesh(train_mesh)  # rows never split
   if engine_devices:
     if n % engine_devices:
       raise ValueError(

@@ -272,6 +272,7 @@ def check_combinations(run: RunConfig) -> None:
       'global divisors)',
     )
   check_packing(run)
+  check_context_parallel(run)
   distill_direct.check(run)
   check_agent(run)
   check_lora(run)
@@ -344,6 +345,31 @@ def check_packing(run: RunConfig) -> None:
       True,
       'False with an MoE model (model.num_experts > 0)',
       'the packed forward does not replay routing yet',
+    )
+
+
+def check_context_parallel(run: RunConfig) -> None:
+  """`mesh.sequence` > 1 (rows split over devices,
+  jaxcorr/model/context_parallel.py) with rows it splits evenly and what
+  the engine side can serve."""
+  n, r = run.mesh.sequence, run.rollout
+  if n == 1:
+    return
+  length = r.max_prompt_length + r.max_new_tokens
+  if length % n:
+    fields.fail(
+      'config.mesh.sequence',
+      n,
+      f'a divisor of the row length rollout.max_prompt_length + '
+      f'max_new_tokens = {length} (packed rows too have this length)',
+    )
+  if r.exact:
+    fields.fail(
+      'config.rollout.exact',
+      True,
+      'False with config.mesh.sequence > 1',
+      "exact mode replays the engine's unsplit cached forward bit for bit "
+      'on the trainer mesh; the engine never splits rows',
     )
 
 

@@ -39,6 +39,7 @@ from absl import logging
 from flax import nnx
 
 from jaxcorr import rewards as reward_fns
+from jaxcorr import sharding
 from jaxcorr.data import text
 from jaxcorr.judge import bind_policy_judges
 from jaxcorr.rewards import RewardScorer
@@ -211,7 +212,8 @@ class Trainer:
       # JAX cannot device_put across hosts, so start from host copies.
       whole = engine_params(self.run, self.state.policy_params())
       policy = nnx.merge(self.graphdef, whole)
-    return make_engine(self.run, policy, mesh)
+    # Rows are never split in the engine: mesh.sequence folds into fsdp.
+    return make_engine(self.run, policy, sharding.engine_mesh(mesh))
 
   def save(self, *, force: bool = False) -> bool:
     lagged = self.source.lagged(self.step) if self.source else {}
