@@ -5,6 +5,7 @@ fixes, each prompt's id, and the id surviving what a batch goes through
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from jaxcorr.data import task_ids
 from jaxcorr.data.config import DataConfig
@@ -56,3 +57,13 @@ def test_task_id_survives_row_picks_assembly_and_padding():
   np.testing.assert_array_equal(out.task_id[:12], picked.task_id)
   np.testing.assert_array_equal(out.task_id[12:], [-1] * 4)  # padding rows
   assert out.for_scoring().task_id is None
+
+
+def test_reasoning_gym_mix_rows_name_their_own_task():
+  pytest.importorskip('reasoning_gym')
+  from jaxcorr.data.reasoning_gym import ReasoningGymSource
+
+  data = DataConfig(source='reasoning_gym', task='chain_sum,leg_counting')
+  src = ReasoningGymSource(data.task, '', 1, 8)
+  ids = task_ids.task_ids(list(src), task_ids.task_names(data), 'x', 1)
+  assert set(ids) == {0, 1}
