@@ -33,7 +33,6 @@ implementation, as in the reference.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import flax.struct
 import jax
@@ -44,6 +43,9 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
 from jax.experimental.pallas.ops.tpu.splash_attention import (
   splash_attention_mask as splash_mask,
 )
+from jax.sharding import PartitionSpec as P
+
+from jaxcorr.sharding import logical_to_spec
 
 ATTENTION = ('jnp', 'xla', 'cudnn', 'splash', 'splash_interpret', 'auto')
 """The values of `model.attention` (module doc)."""
@@ -120,7 +122,8 @@ def self_attention(
   is exactly the packed rows' mask, and each query sees at least itself.
   """
   if impl.startswith('splash'):
-    return _splash(q, k, v, segment_ids, impl == 'splash_interpret')
+    interpret = impl == 'splash_interpret'
+    return _per_batch_shard(_splash, q, k, v, segment_ids, interpret)
   mask = None
   if segment_ids is not None:
     mask = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
@@ -157,6 +160,34 @@ def masked_attention(
     )
 
 
+def _per_batch_shard(fn, q, k, v, segment_ids, *static):
+  """`fn(q, k, v, segment_ids, *static)` on each device's rows when the
+  mesh set by `jax.set_mesh` splits the batch: a Pallas kernel is a custom
+  call the SPMD partitioner cannot split (it would gather the operands),
+  so it runs under a `shard_map` manual over the batch's mesh axes (the
+  others, e.g. a tensor axis on heads, stay automatic: XLA gathers them)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return fn(q, k, v, segment_ids, *static)
+  spec = logical_to_spec(('batch',), shape=q.shape[:1], mesh=mesh)
+  if spec[0] is None:
+    return fn(q, k, v, segment_ids, *static)
+  axes = spec[0] if isinstance(spec[0], tuple) else (spec[0],)
+  rows = P(spec[0])
+  ids = () if segment_ids is None else (segment_ids,)
+
+  def local(q, k, v, *ids):
+    return fn(q, k, v, ids[0] if ids else None, *static)
+
+  return jax.shard_map(
+    local,
+    in_specs=(rows,) * (3 + len(ids)),
+    out_specs=rows,
+    axis_names=set(axes),
+    check_vma=False,  # the kernel's outputs carry no varying-axes types
+  )(q, k, v, *ids)
+
+
 def _splash(q, k, v, segment_ids, interpret):
   """The splash kernel over rows (vmap) with GQA in the kernel: q is scaled
   by 1/√Dh first (the kernel does not scale), the sequence padded to a
@@ -186,10 +217,10 @@ def _splash(q, k, v, segment_ids, interpret):
   return out.swapaxes(1, 2)[:, :s].astype(v.dtype)
 
 
-@functools.lru_cache(maxsize=32)
 def _splash_kernel(heads: int, length: int, interpret: bool):
-  """A causal splash kernel for `heads` query heads over `length` tokens
-  (the mask's block structure is computed on the host once per shape)."""
+  """A causal splash kernel for `heads` query heads over `length` tokens,
+  built where it is traced: its mask arrays belong to that trace (and its
+  mesh); the mask's block structure is processed on the host."""
   block = next(n for n in (512, 256, 128) if length % n == 0)
   causal = splash_mask.CausalMask((length, length))
   mask = splash_mask.MultiHeadMask([causal] * heads)
@@ -201,16 +232,9 @@ def _splash_kernel(heads: int, length: int, interpret: bool):
     block_q_dq=block,
     block_kv_dq=block,
   )
-  # Concrete mask arrays even when first built inside a trace: the cached
-  # kernel outlives it.
-  with jax.ensure_compile_time_eval():
-    return splash.make_splash_mha(
-      mask,
-      head_shards=1,
-      q_seq_shards=1,
-      block_sizes=sizes,
-      interpret=interpret,
-    )
+  return splash.make_splash_mha(
+    mask, head_shards=1, q_seq_shards=1, block_sizes=sizes, interpret=interpret
+  )
 
 
 @flax.struct.dataclass

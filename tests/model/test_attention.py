@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxcorr import sharding as sh
 from jaxcorr.model import Transformer, TransformerConfig
 from jaxcorr.model import attention as fused
 from jaxcorr.model.layers import attend
@@ -98,6 +99,24 @@ def _model(attention: str, dtype='float32') -> Transformer:
     dtype=dtype,
   )
   return Transformer(cfg, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize(
+  'mesh_config', [dict(data=2, fsdp=4), dict(data=2, tensor=4)]
+)
+def test_splash_on_a_mesh_runs_per_batch_shard(mesh_config):
+  """Under a mesh splitting the batch the kernel runs in a shard_map over
+  the batch axes (a tensor axis on heads stays automatic): same values."""
+  q, k, v, _ = _qkv(4, 2, 'float32')
+  seg = jnp.asarray(_segments('packed'))
+  want = jax.jit(attend)(q, k, v, fused.CausalSegments(seg, S).dense())
+  mesh = sh.make_mesh(mesh_config)
+  run = jax.jit(fused.self_attention, static_argnums=0)
+  with jax.set_mesh(mesh):
+    got = run('splash_interpret', q, k, v, seg)
+    hlo = run.lower('splash_interpret', q, k, v, seg).as_text()
+  assert 'manual_computation' in hlo  # the kernel inside a shard_map
+  _close(got, want, 'float32')
 
 
 def _jit(model, fn):
