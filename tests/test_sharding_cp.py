@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 from jaxcorr import sharding as sh
 from jaxcorr.model import logprobs_from_hidden, token_logprobs
 from jaxcorr.model.context_parallel import sequence_shards
+from jaxcorr.plan import planner, presets
 from jaxcorr.train import build
 from jaxcorr.train.packing import layout
 from tests.helpers.model_testing import (
@@ -213,6 +214,23 @@ def test_config_errors_name_the_fields():
   assert build.build(pulse_config(mesh__sequence=good)).mesh.sequence == good
   with pytest.raises(ValueError, match=r'config\.rollout\.exact.*sequence'):
     build.build(pulse_config(mesh__sequence=good, rollout__exact=True))
+
+
+def test_plan_takes_the_sequence_axis():
+  """`python -m jaxcorr.plan --mesh=fsdp:2,sequence:4`: the trainer's mesh
+  splits rows, the engine's (the trainer's devices) folds the axis."""
+  mesh_config, n = presets.parse_mesh('fsdp:2,sequence:4')
+  assert (mesh_config.fsdp, mesh_config.sequence, n) == (2, 4, 8)
+  config = pulse_config(rollout__max_new_tokens=8)  # rows of 16 tokens
+  t = planner.target(
+    config, model='', mesh='fsdp:2,sequence:4', engine_devices=0
+  )
+  assert dict(t.train_mesh.shape) == dict(data=1, fsdp=2, sequence=4, tensor=1)
+  assert dict(t.engine_mesh.shape) == dict(data=1, fsdp=8, sequence=1, tensor=1)
+  with pytest.raises(ValueError, match=r'config\.mesh\.sequence'):
+    planner.target(
+      pulse_config(), model='', mesh='sequence:4', engine_devices=0
+    )
 
 
 # ------------------------------------------------------------ mesh rules

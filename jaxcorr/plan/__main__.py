@@ -36,7 +36,9 @@ _MODEL = flags.DEFINE_string(
   'hf_path config.json must exist).',
 )
 _MESH = flags.DEFINE_string(
-  'mesh', 'fsdp:64', 'Trainer mesh, axis:size,... (data, fsdp, tensor).'
+  'mesh',
+  'fsdp:64',
+  'Trainer mesh, axis:size,... (data, fsdp, sequence, tensor).',
 )
 _ENGINE = flags.DEFINE_integer(
   'engine_devices',

@@ -34,6 +34,24 @@ MODELS: dict[str, dict[str, object]] = {
     rope_theta=500_000.0,
     max_position_embeddings=131_072,
   ),
+  # Qwen/Qwen3-30B-A3B config.json as a scratch (Mixtral-shaped) model:
+  # 48 layers of 128 experts (top 8) of width 768, 32 query / 4 KV heads.
+  # A scratch model derives head_dim = hidden / heads = 64 (Qwen3: 128)
+  # and has no q/k norm: 30.1B params against 30.5B.
+  'qwen3_30b_a3b': dict(
+    architecture='MixtralForCausalLM',
+    vocab_size=151_936,
+    hidden_size=2048,
+    intermediate_size=768,
+    num_layers=48,
+    num_heads=32,
+    num_kv_heads=4,
+    num_experts=128,
+    num_experts_per_tok=8,
+    tie_embeddings=False,
+    rope_theta=1_000_000.0,
+    max_position_embeddings=40_960,
+  ),
   # HuggingFaceTB/SmolLM2-135M(-Instruct) config.json.
   'smollm2_135m': dict(
     vocab_size=49_152,

@@ -79,6 +79,15 @@ def make_meshes(run: run_lib.RunConfig) -> Meshes:
     mesh = sharding.make_mesh(run.mesh, devices=train_devices)
   except ValueError as e:  # the shape does not fit the devices
     raise DeviceLayoutError(f'config.mesh: {e}') from None
+  rows = mesh.shape['data'] * mesh.shape['fsdp']
+  if rows % process_count:
+    # Each host feeds its own rows (batch.to_device): the batch axes must
+    # span the processes, which tensor and sequence (within a row) do not.
+    raise DeviceLayoutError(
+      f'config.mesh: data x fsdp = {rows} must be a multiple of the '
+      f'{process_count} processes (each host feeds its own rows; raise '
+      'mesh.fsdp, lower mesh.sequence or mesh.tensor)'
+    )
   if rollout_devices is None and process_count > 1:
     # Each host samples its own prompts, so its engine must run on its
     # own devices: a global engine mesh would need every host to issue
