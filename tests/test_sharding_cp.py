@@ -109,6 +109,27 @@ def test_context_parallel_equals_unsplit(mesh_config, packed):
   _assert_grads_close(got[2], ref[2])
 
 
+def test_context_parallel_in_bfloat16():
+  """bf16 compute: the K/V gather's backward (a reduce-scatter) adds in
+  float32 (a bf16 one aborted XLA:CPU's compiler); loss and gradients as
+  unsplit within bf16 rounding."""
+  model = random_model(tiny_config(scan_layers=True, dtype=jnp.bfloat16))
+  tokens = random_tokens(4, S)
+  segment_ids = jnp.asarray(_segments(4))
+  weights = jnp.ones((4, S - 1))
+  graphdef, state = nnx.split(model)
+  run = jax.jit(_run, static_argnums=0)
+  ref = run(graphdef, state, tokens, segment_ids, weights)
+  mesh = sh.make_mesh(dict(fsdp=2, sequence=4))
+  placed = jax.device_put(state, sh.param_shardings(state, mesh))
+  batch = shard_batch(dict(t=tokens, s=segment_ids, w=weights), mesh)
+  with jax.set_mesh(mesh):
+    got = run(graphdef, placed, batch['t'], batch['s'], batch['w'])
+  np.testing.assert_allclose(got[0], ref[0], rtol=2e-3)
+  for a, b in zip(jax.tree.leaves(got[2]), jax.tree.leaves(ref[2])):
+    np.testing.assert_allclose(a, b, atol=5e-2 * float(np.abs(b).max()))
+
+
 def test_rows_are_split_between_layers():
   """The hidden states leave the forward split over `sequence` (positions)
   and the batch over `fsdp`: the activations are 1/4 per device."""

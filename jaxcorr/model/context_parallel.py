@@ -14,7 +14,8 @@ attends its S/n queries to all S keys. The causal-within-segments mask of
 the training forward is built per device, [B, S/n, S] (its query
 positions against every key position and segment id), so packing needs
 nothing more and no device holds the [B, S, S] mask. The backward's
-transpose of the all-gather is a reduce-scatter of dK, dV.
+transpose of the all-gather is a reduce-scatter of dK, dV (in float32:
+`_gather_rows`).
 
 Why this and not ring attention or all-to-all (DeepSpeed-Ulysses):
 
@@ -92,7 +93,7 @@ def gathered_attention(
     args, specs = (mask.segment_ids,), (P(),)
 
   def local(q, k, v, *m):
-    k, v = (jax.lax.all_gather(x, AXIS, axis=1, tiled=True) for x in (k, v))
+    k, v = _gather_rows(k), _gather_rows(v)
     block = m[0] if dense else _causal_block(q.shape[1], k.shape[1], *m)
     return attend(q, k, v, block)
 
@@ -102,6 +103,31 @@ def gathered_attention(
     out_specs=rows,
     axis_names={AXIS},
   )(q, k, v, *args)
+
+
+@jax.custom_vjp
+def _gather_rows(x: jax.Array) -> jax.Array:
+  """[B, S/n, ...] -> [B, S, ...]: the row's positions of every device.
+
+  The backward (a reduce-scatter: the sum of the n devices' partial dK,
+  dV) adds in float32, whatever x's dtype: n bf16 partial sums would round
+  at every add, and XLA:CPU cannot compile a bf16 reduce-scatter (its
+  check fails: "Invalid binary instruction opcode copy")."""
+  return jax.lax.all_gather(x, AXIS, axis=1, tiled=True)
+
+
+def _gather_rows_fwd(x):
+  return _gather_rows(x), None
+
+
+def _gather_rows_bwd(_, grad):
+  summed = jax.lax.psum_scatter(
+    grad.astype(jnp.float32), AXIS, scatter_dimension=1, tiled=True
+  )
+  return (summed.astype(grad.dtype),)
+
+
+_gather_rows.defvjp(_gather_rows_fwd, _gather_rows_bwd)
 
 
 def _causal_block(
