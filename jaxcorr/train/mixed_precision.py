@@ -100,6 +100,6 @@ def accumulate(acc: Any, grads: Any) -> Any:
 
 def like_params(grads: Any, params: Any) -> Any:
   """The summed gradients in their params' dtypes (a no-op for float32
-  params): optax keeps its state in the params' dtypes only when the
-  gradients arrive in them."""
+  params; `jaxcorr.train.state.apply_updates` calls it): optax keeps its
+  state in the params' dtypes only when the gradients arrive in them."""
   return jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)

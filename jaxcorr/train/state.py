@@ -19,6 +19,7 @@ from flax import nnx
 
 from jaxcorr.config.fields import integer, number, one_of, setting, validate
 from jaxcorr.losses import rewards
+from jaxcorr.train import mixed_precision
 
 _NAT = integer(0)
 
@@ -186,7 +187,9 @@ def apply_updates(
   """One optimizer step; the new params keep `shardings` (when given), so
   the next call of the step compiles to the same executable. `scale`
   multiplies the optimizer's update (VCPO's ESS step: the learning rate
-  times `scale` for optax's Adam/AdamW chains)."""
+  times `scale` for optax's Adam/AdamW chains). `grads` may be float32
+  sums over bf16 params: they are cast to the params' dtypes first."""
+  grads = mixed_precision.like_params(grads, params)
   updates, opt_state = tx.update(grads, opt_state, params)
   if scale is not None:
     updates = jax.tree.map(lambda u: (u * scale).astype(u.dtype), updates)

@@ -247,9 +247,6 @@ class Steps:
         for k in SUMMED - set(_COUNTS):
           if k in metrics and not k.startswith('critic/'):
             metrics[k] = metrics[k] / denom
-    grads = mixed_precision.like_params(grads, state.params)
-    if run.critic.enabled:
-      cgrads = mixed_precision.like_params(cgrads, state.critic_params)
     return grads, cgrads, metrics
 
   def _one_update(

@@ -159,8 +159,7 @@ def test_master_weights_keep_a_tiny_update():
     acc = mixed_precision.grad_accumulator(params)
     for _ in range(2):
       acc = mixed_precision.accumulate(acc, grads_of(params))
-    grads = mixed_precision.like_params(acc, params)
-    return apply_updates(tx, grads, opt_state, params)
+    return apply_updates(tx, acc, opt_state, params)  # casts to params'
 
   new, opt_state = update(params, tx.init(params))
   for leaf in jax.tree.leaves((new, opt_state)):
@@ -188,7 +187,14 @@ def test_micro_batch_gradients_sum_in_float32():
     acc = mixed_precision.accumulate(acc, g)
   assert acc['w'].dtype == jnp.float32
   np.testing.assert_allclose(acc['w'], 64 * float(g['w'][0]), rtol=1e-6)
-  assert mixed_precision.like_params(acc, params)['w'].dtype == jnp.bfloat16
+  # The float32 sum meets bf16 params: the optimizer's state keeps its
+  # dtypes (a step's scan over mini-batches needs that of its carry).
+  tx, _ = make_optimizer(OptimConfig(), 1e-3, 10)
+  opt_state = tx.init(params)
+  new, new_state = apply_updates(tx, acc, opt_state, params)
+  assert new['w'].dtype == jnp.bfloat16
+  dtypes = lambda t: [x.dtype for x in jax.tree.leaves(t)]  # noqa: E731
+  assert dtypes(new_state) == dtypes(opt_state)
 
 
 def _one_step(dtype: str):
