@@ -87,8 +87,9 @@ def _floating(x: Any) -> bool:
 def grad_accumulator(params: Any) -> Any:
   """Zeros like `params`, float32 for every floating leaf: the sum of the
   micro-batches' gradients (bf16 params would otherwise sum in bf16)."""
+  # zeros_like (not zeros): the sums keep the params' shardings.
   return jax.tree.map(
-    lambda p: jnp.zeros(p.shape, jnp.float32 if _floating(p) else p.dtype),
+    lambda p: jnp.zeros_like(p, jnp.float32 if _floating(p) else None),
     params,
   )
 
