@@ -21,15 +21,16 @@ Why this and not ring attention or all-to-all (DeepSpeed-Ulysses):
 
 * per layer it moves (n - 1)/n of K and V once forward and once backward,
   the same bytes a ring rotates, in one collective XLA can overlap with the
-  q projection; with GQA (Llama-3-8B: 8 KV heads of 32) K and V are a
-  quarter of the activations, so gathering them costs less than the
-  all-to-all of q, k, v and the output that Ulysses needs;
+  q projection; with GQA (Llama-3-8B: 8 KV heads of 32) K and V are each
+  a quarter of q, so gathering them costs less than the all-to-all of q,
+  k, v and the output that Ulysses needs;
 * Ulysses splits heads: the axis must divide the KV heads (8 for
   Llama-3-8B, 4 for Qwen3-30B-A3B) and cannot be combined with a tensor
   axis that already splits them; the gather has no such limit;
 * the cost: each device holds the row's whole K and V for the layer being
   computed (Llama-3-8B at 32k tokens: 2 x 32k x 8 x 128 x 2 bytes = 128 MiB
-  in bf16, transient, not per layer), where a ring holds two blocks; and
+  in bf16, kept per layer for the backward unless the layer is
+  rematerialised), where a ring holds two blocks; and
   with the reference attention (`layers.attend`) the scores are [S/n, S]
   per head instead of a ring's [S/n, S/n] blocks. The fused attention
   kernels keep scores in on-chip memory, so only the K/V copy remains.
@@ -37,8 +38,9 @@ Why this and not ring attention or all-to-all (DeepSpeed-Ulysses):
   shard's keys); a ring with zig-zag order balances it, at the price of n
   dependent steps per layer.
 
-The function wraps any attention `attend(q, k, v, mask)` with the layout
-of `layers.attend`, so a fused kernel is wrapped the same way.
+`gathered_attention` wraps any attention `attend(q, k, v, dense_mask)`
+with the layout of `layers.attend`, so a fused kernel taking a mask
+(`attention.masked_attention`) is wrapped the same way.
 """
 
 from __future__ import annotations
