@@ -3,9 +3,9 @@ random model: the first two tokens' joint frequencies over many rows fit the
 target's processed distribution (chi-square), greedy ids equal
 non-speculative greedy, μ is the target's log-prob, bad configs fail. Each
 for the 'ngram', 'layers' and 'model' drafts; the 'model' draft is a
-checkpoint saved by a 0-step trainer run (a smaller pulse model) loaded
-through the trainer's loader, its policy another random model with the
-same vocabulary."""
+checkpoint saved by a 0-step trainer run (a smaller pulse model with the
+policy's vocabulary) loaded through the trainer's loader, its policy the
+random model of the other drafts."""
 
 import functools
 import types
@@ -29,7 +29,7 @@ from jaxcorr.rollout.speculative import (
 from jaxcorr.rollout.state import SamplingParams, pack_sampling
 from jaxcorr.train.checkpoints import model_source
 from jaxcorr.train.loop import Trainer
-from tests.helpers.model_testing import random_model, tiny_config
+from tests.helpers.model_testing import VOCAB, random_model, tiny_config
 from tests.helpers.trainer_config import pulse_config
 from tests.rollout import test_engine as contract
 
@@ -55,9 +55,11 @@ def model():
   return random_model(tiny_config())
 
 
-# The draft checkpoint: a 1-layer pulse model (vocabulary 27) saved by a
-# 0-step run as checkpoint 0.
-DRAFT_MODEL = dict(num_layers=1, hidden_size=32, intermediate_size=64)
+# The draft checkpoint: a 1-layer pulse model with the policy's vocabulary
+# saved by a 0-step run as checkpoint 0.
+DRAFT_MODEL = dict(
+  num_layers=1, hidden_size=32, intermediate_size=64, vocab_size=VOCAB
+)
 
 
 @pytest.fixture(scope='module')
@@ -73,12 +75,6 @@ def draft(tmp_path_factory):
   cfg = model_source.model_config(src, 'float32')
   graphdef, params = model_source.load_params(src, cfg, None)
   return draft_model.DraftModel(graphdef, cfg, params)
-
-
-@pytest.fixture(scope='module')
-def policy(draft):
-  """The checkpoint draft's target: 2 layers, the draft's vocabulary."""
-  return random_model(tiny_config(vocab_size=draft.config.vocab_size), seed=1)
 
 
 def _processed(model, tokens, sp):
@@ -228,14 +224,14 @@ MODEL = SpeculativeConfig(draft='model', k=3, draft_model='checkpoint')
   'sp, depth', [(TRUNCATED, 2), (TEMPERATURE, 1)], ids=['trunc', 'tau']
 )
 def test_token_frequencies_fit_with_the_checkpoint_draft(
-  policy, draft, sp, depth
+  model, draft, sp, depth
 ):
   """The chi-square and μ checks above with draft='model': q is the
   draft checkpoint's processed distribution on its own cache."""
-  chunk = _continue(policy, MODEL, sp, draft=draft)
+  chunk = _continue(model, MODEL, sp, draft=draft)
   tokens, lpt = np.asarray(chunk.tokens), np.asarray(chunk.logp_truncated)
-  assert _chi2_pvalue(tokens[:, :depth], _expected(policy, sp, depth)) > 1e-3
-  p1 = _processed(policy, [*CONTEXT, X0], sp)
+  assert _chi2_pvalue(tokens[:, :depth], _expected(model, sp, depth)) > 1e-3
+  p1 = _processed(model, [*CONTEXT, X0], sp)
   np.testing.assert_allclose(lpt[:, 0], np.log(p1[tokens[:, 0]]), atol=2e-5)
 
 
@@ -272,13 +268,26 @@ def test_greedy_ids_equal_plain_greedy(model, plain_greedy, draft):
   np.testing.assert_allclose(got.rollout_logp, base.rollout_logp, atol=1e-5)
 
 
-def test_greedy_ids_equal_plain_greedy_with_the_checkpoint_draft(policy, draft):
-  prompts = [[t % policy.config.vocab_size for t in p] for p in PROMPTS]
-  base = driver.generate(_engine(policy), prompts, **GREEDY)
-  got = driver.generate(_engine(policy, MODEL, draft), prompts, **GREEDY)
-  np.testing.assert_array_equal(got.response_tokens, base.response_tokens)
-  np.testing.assert_array_equal(got.response_mask, base.response_mask)
-  np.testing.assert_allclose(got.rollout_logp, base.rollout_logp, atol=1e-5)
+def test_greedy_ids_equal_plain_greedy_with_the_checkpoint_draft(model, draft):
+  """Also after a weight sync: the fixed draft now proposes for a policy
+  that moved away from it; the ids stay the new policy's."""
+  plain, spec = _engine(model), _engine(model, MODEL, draft)
+  rng = np.random.default_rng(0)
+  moved = jax.tree.map(
+    lambda w: w + 0.3 * np.std(w) * rng.standard_normal(w.shape, np.float32),
+    nnx.state(model),
+  )
+  ids = []
+  for _ in range(2):
+    base = driver.generate(plain, PROMPTS, **GREEDY)
+    got = driver.generate(spec, PROMPTS, **GREEDY)
+    np.testing.assert_array_equal(got.response_tokens, base.response_tokens)
+    np.testing.assert_array_equal(got.response_mask, base.response_mask)
+    np.testing.assert_allclose(got.rollout_logp, base.rollout_logp, atol=1e-5)
+    ids.append(np.asarray(base.response_tokens))
+    plain.update_params(moved)
+    spec.update_params(moved)
+  assert not np.array_equal(*ids)  # the sync moved the policy
 
 
 @pytest.mark.parametrize(
@@ -305,44 +314,40 @@ def test_bad_configs_fail_at_construction(model, spec, kw, match):
     )
 
 
-def test_a_draft_with_another_vocabulary_fails_at_construction(model, draft):
-  """The 27-id checkpoint draft for the 128-id policy."""
+def test_a_draft_with_another_vocabulary_fails_at_construction(model):
+  other = draft_model.DraftModel.of(random_model(tiny_config(vocab_size=64)))
   with pytest.raises(ValueError, match=r"draft_model.*policy's vocabulary"):
-    _engine(model, MODEL, draft)
+    _engine(model, MODEL, other)
 
 
 @pytest.fixture(scope='module', params=['ngram', 'layers', 'model'])
-def spec_engine(request, model, policy, draft):
-  """(a speculative engine, its target model)."""
-  target = policy if request.param == 'model' else model
+def spec_engine(request, model, draft):
   spec = SpeculativeConfig(
     draft=request.param,
     k=3,
     draft_model='checkpoint' if request.param == 'model' else '',
   )
-  engine = PolicyEngine(
-    target,
+  return PolicyEngine(
+    model,
     max_concurrent_decodes=3,
     max_prefill_length=contract._PF,
     max_target_length=contract._TL,
     speculative=spec,
     draft=draft if request.param == 'model' else None,
   )
-  return engine, target
 
 
 @pytest.mark.parametrize(
   'temperature, top_k, top_p', [(1.0, 0, 1.0), (0.6, 5, 0.9)]
 )
 def test_engine_contract_holds_with_speculation(
-  spec_engine, temperature, top_k, top_p
+  spec_engine, model, temperature, top_k, top_p
 ):
   """tests/rollout/test_engine.py's contract test (validation, μ equal to
   the trainer's full and truncated log-probs, tokens inside the kept set)
   on a speculative engine."""
-  engine, target = spec_engine
   contract.test_logprobs_match_the_trainer(
-    engine, target, temperature, top_k, top_p
+    spec_engine, model, temperature, top_k, top_p
   )
 
 
@@ -367,14 +372,14 @@ def test_a_draft_equal_to_the_target_is_always_accepted(model):
   assert int(chunk.steps) == 1
 
 
-def test_the_policy_as_its_own_checkpoint_draft_is_always_accepted(policy):
+def test_the_policy_as_its_own_checkpoint_draft_is_always_accepted(model):
   """draft='model' with the policy's own weights through the engine
   (insert, chunks): q = p, so 19 greedy tokens after the first take 5
   rounds of up to k + 1 = 4 (chunks of 8: 4 + 4, 4 + 4, 3). Fails if
   insert leaves the draft's cache of the prompt empty, or if the draft
   does not write d_k's keys/values (the round after a full acceptance
   attends to an empty slot)."""
-  engine = _engine(policy, MODEL, draft_model.DraftModel.of(policy))
+  engine = _engine(model, MODEL, draft_model.DraftModel.of(model))
   rounds = []
   inner = engine.batched.decode_chunk
 
