@@ -47,7 +47,7 @@ from jaxcorr.rollout.speculative_config import SpeculativeConfig
 from jaxcorr.sharding import MeshConfig
 from jaxcorr.train.critic import CriticConfig
 from jaxcorr.train.distill import DistillConfig
-from jaxcorr.train.distill import direct as distill_direct
+from jaxcorr.train.distill import rules as distill_rules
 from jaxcorr.train.distill import teacher as distill_teacher
 from jaxcorr.train.evals import sets as eval_sets
 from jaxcorr.train.evals.config import EvalConfig
@@ -273,7 +273,7 @@ def check_combinations(run: RunConfig) -> None:
     )
   check_packing(run)
   check_context_parallel(run)
-  distill_direct.check(run)
+  distill_rules.check(run)
   check_agent(run)
   check_lora(run)
   check_precision(run)

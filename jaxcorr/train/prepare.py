@@ -33,6 +33,7 @@ from jaxcorr.losses import masked, rewards
 from jaxcorr.train import scoring
 from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.distill import direct as distill_direct
+from jaxcorr.train.distill import rules as distill_rules
 from jaxcorr.train.distill import score as distill_score
 from jaxcorr.train.packing import forward as packed_forward
 from jaxcorr.train.packing.layout import PackedRows
@@ -113,7 +114,7 @@ def prepare(
     alg.advantage, scores, mask, batch.group_ids, values=batch.values
   )
   batch = batch.replace(advantages=adv, returns=returns)
-  if teacher is not None and distill_direct.is_direct(run):  # its inputs
+  if teacher is not None and distill_rules.is_direct(run):  # its inputs
     batch, distill_metrics = distill_direct.prepare_fields(run, teacher, batch)
     metrics.update(distill_metrics)
   elif teacher is not None:  # on-policy distillation (jaxcorr/train/distill)

@@ -37,6 +37,7 @@ from jaxcorr.losses import objective, objective_config, value
 from jaxcorr.train import loss_batch, mixed_precision, scoring
 from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.distill import direct as distill_direct
+from jaxcorr.train.distill import rules as distill_rules
 from jaxcorr.train.packing import forward as packed_forward
 from jaxcorr.train.packing.layout import PackedRows
 from jaxcorr.train.prepare import gap_arguments, prepare
@@ -389,7 +390,7 @@ def _actor_loss(
     loss, metrics = loss + term, dict(metrics, **met)
     tokens = jnp.sum(mic.segment_ids != 0, dtype=jnp.float32)
     gap_weights = dict(gap_weights, **dict.fromkeys(met, tokens))
-  if distill_direct.is_direct(run):  # a direct distillation term
+  if distill_rules.is_direct(run):  # a direct distillation term
     term, met, w = distill_direct.update_term(run, mic, logp, topk, counts)
     loss, metrics = loss + term, dict(metrics, **met)
     gap_weights = dict(gap_weights, **w)
@@ -405,7 +406,7 @@ def _update_forward(
   `lora.dropout` is set; with packing (`micro`, dense policies only) over
   its packed rows."""
   dropout = jax.random.fold_in(key, 7) if run.lora.dropout else None
-  if distill_direct.needs_topk(run):  # one forward, the full softmax
+  if distill_rules.needs_topk(run):  # one forward, the full softmax
     out, topk = distill_direct.student_forward(
       run, graphdef, params, mic, entropy=entropy, dropout_key=dropout
     )

@@ -37,7 +37,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxcorr import sampling
-from jaxcorr.config.fields import fail
 from jaxcorr.losses import distill as distill_loss
 from jaxcorr.losses import masked
 from jaxcorr.model.lora import enable_dropout
@@ -45,54 +44,10 @@ from jaxcorr.model.transformer import entropy_terms
 from jaxcorr.train import scoring
 from jaxcorr.train.batch import TrainBatch
 from jaxcorr.train.distill import score
-from jaxcorr.train.distill.config import TOPK_LOSSES
+from jaxcorr.train.distill.rules import needs_topk
 
-ADVANTAGE = 'reverse_kl_advantage'
 LOSS_METRIC = 'distill/loss'
 """The direct term's value (before `coef`), summed over micro-batches."""
-
-
-def is_direct(run: Any) -> bool:
-  """A teacher and a direct loss term in the update."""
-  return run.distill.enabled and run.distill.loss != ADVANTAGE
-
-
-def needs_topk(run: Any) -> bool:
-  """A teacher and a loss on its top-k support ('topk_kl', 'gjsd')."""
-  return run.distill.enabled and run.distill.loss in TOPK_LOSSES
-
-
-def check(run: Any) -> None:
-  """Config-time rules of the direct losses (one line naming the field):
-  decoupled correction (bypass divides the summed loss by its corrected
-  count at the end, which would rescale the term), and for the top-k
-  losses the unpacked dense full-log-prob forward they read."""
-  if not is_direct(run):
-    return
-  loss = run.distill.loss
-  if not run.decoupled:
-    fail(
-      'config.distill.loss', loss,
-      f"{ADVANTAGE!r} with correction.mode='bypass'",
-      'the bypass loss is divided by its corrected token count at the end, '
-      'which would rescale the term; use correction.mode=decoupled',
-    )  # fmt: skip
-  if not needs_topk(run):
-    return
-  why = "the student's top-k log-probs come from the unpacked full softmax"
-  if run.train.packing:
-    fail('config.train.packing', True, f'False with distill.loss={loss!r}', why)
-  if run.rollout.logprob_mode != 'full':
-    fail(
-      'config.rollout.logprob_mode', run.rollout.logprob_mode,
-      f"'full' with distill.loss={loss!r}", why,
-    )  # fmt: skip
-  if run.model.num_experts:
-    fail(
-      'config.distill.loss', loss,
-      "'reverse_kl_advantage' or 'reverse_kl' with an MoE policy",
-      "the top-k forward is the dense policy's",
-    )  # fmt: skip
 
 
 def _vocab(model: Any) -> int:
