@@ -252,3 +252,27 @@ def test_cli_typo_and_bad_value_fail_before_any_work(tmp_path):
   unknown = _main(tmp_path, '--config=configs/arith_tiny.py:decoupled_tis')
   assert unknown.returncode != 0
   assert 'decoupled_token_is' in unknown.stderr  # the suggestion
+
+
+def test_building_a_config_imports_no_engine():
+  """Building a config (every CLI does, before anything else) loads neither
+  JetStream nor TensorFlow: TensorFlow's CUDA probe can print after the
+  engine's quiet import wrapper returns, a line the planner's and the
+  CLIs' one-line errors would carry (a fresh process)."""
+  code = (
+    'import sys\n'
+    'from jaxcorr.train import build\n'
+    'from configs import arith_opd_tiny, arith_tiny\n'
+    'build.build(arith_tiny.get_config())\n'
+    'build.build(arith_opd_tiny.get_config("opd_topk"))\n'
+    "print(sorted(m for m in ('tensorflow', 'jetstream', 'seqio') "
+    'if m in sys.modules))\n'
+  )
+  out = subprocess.run(
+    [sys.executable, '-c', code],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    check=True,
+  )
+  assert out.stdout.split('\n')[-2] == '[]', out.stderr[-2000:]
