@@ -44,7 +44,7 @@ from jaxcorr.model import Transformer
 from jaxcorr.rollout import driver
 from jaxcorr.rollout.draft_model import DraftModel
 from jaxcorr.rollout.engine import PolicyEngine
-from jaxcorr.rollout.speculative import SpeculativeConfig
+from jaxcorr.rollout.speculative_config import SpeculativeConfig
 from jaxcorr.train.checkpoints import model_source
 
 SAMPLINGS = {'greedy': dict(top_k=1), 'tau1': dict(temperature=1.0)}

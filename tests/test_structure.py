@@ -29,6 +29,12 @@ ALLOWED: dict[str, tuple[int, str]] = {
     'the two compiled functions of one run and what they close over; '
     "prepare's arguments grew by config.distill's teacher",
   ),
+  'jaxcorr/model/config.py::TransformerConfig': (
+    260,
+    'the `model` section: each architecture, precision, attention and MoE '
+    "field's default, rule and doc declared once, and the checks between "
+    'them',
+  ),
   'jaxcorr/rollout/engine.py::PolicyEngine': (
     290,
     "JetStream's `engine_api.Engine` surface (prefill, insert, generate, "

@@ -260,7 +260,6 @@ def logprobs_from_hidden(
     return carry, chunk(xs_c, head, temp)
 
   _, (logp, ent, log_mass) = jax.lax.scan(body, None, xs)
-
   out = [logp] + [ent] * return_entropy + [log_mass] * return_kept_mass
   out = [_from_chunks(x, t, p) for x in out]
   return out[0] if len(out) == 1 else tuple(out)

@@ -51,10 +51,7 @@ from flax import nnx
 from jaxcorr import sampling
 from jaxcorr.model import KVCache
 from jaxcorr.rollout import decode, draft_model, layout
-from jaxcorr.rollout.speculative_config import (  # noqa: F401 (re-exported)
-  SpeculativeConfig,
-  check_draft_vocab,
-)
+from jaxcorr.rollout.speculative_config import SpeculativeConfig
 from jaxcorr.rollout.state import (
   Chunk,
   DecodeState,

@@ -207,6 +207,26 @@ def overlong_shaping(
   return out
 
 
+def _overlong_fields(
+  batch: RolloutBatch, seq_reward: np.ndarray, overlong: Any, max_len: int
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+  """The overlong shapings at assembly: a reward-time penalty added to
+  `seq_reward`; the truncation flags and a loss-time penalty as the
+  TrainBatch fields the update reads (`overlong` None: none)."""
+  shaping = (
+    {} if overlong is None else overlong_shaping(batch, overlong, max_len)
+  )
+  extra = {}
+  if 'truncated' in shaping:
+    extra['truncated'] = shaping['truncated']
+  if 'penalty' in shaping:
+    if overlong.overlong_penalty_at == 'reward':
+      seq_reward = np.asarray(seq_reward, np.float32) + shaping['penalty']
+    else:
+      extra['overlong_penalty'] = shaping['penalty']
+  return seq_reward, extra
+
+
 def assemble(
   batch: RolloutBatch,
   seq_reward: np.ndarray,
@@ -222,17 +242,7 @@ def assemble(
   """The device batch as numpy arrays (see the module docstring), B rows
   rounded up to `row_multiple`; `overlong`: the `reward` section (its
   overlong fields; None: no shaping), `max_len` its L_max."""
-  shaping = (
-    {} if overlong is None else overlong_shaping(batch, overlong, max_len)
-  )
-  extra = {}
-  if 'truncated' in shaping:
-    extra['truncated'] = shaping['truncated']
-  if 'penalty' in shaping:
-    if overlong.overlong_penalty_at == 'reward':
-      seq_reward = np.asarray(seq_reward, np.float32) + shaping['penalty']
-    else:
-      extra['overlong_penalty'] = shaping['penalty']
+  seq_reward, extra = _overlong_fields(batch, seq_reward, overlong, max_len)
   kept, _ = keep_rows(batch, trainer_version, max_staleness, staleness_policy)
   mask = keep_tokens(batch, trainer_version, max_staleness, staleness_policy)
   ctx = np.asarray(batch.context_mask, bool)

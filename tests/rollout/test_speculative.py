@@ -21,11 +21,11 @@ from jaxcorr import sampling
 from jaxcorr.rollout import decode, draft_model, driver
 from jaxcorr.rollout.engine import PolicyEngine
 from jaxcorr.rollout.speculative import (
-  SpeculativeConfig,
   SpeculativeLayout,
   ngram_draft,
   spec_chunk,
 )
+from jaxcorr.rollout.speculative_config import SpeculativeConfig
 from jaxcorr.rollout.state import SamplingParams, pack_sampling
 from jaxcorr.train.checkpoints import model_source
 from jaxcorr.train.loop import Trainer
