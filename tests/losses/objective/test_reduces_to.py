@@ -32,7 +32,12 @@ def test_decoupled_identical_logps_is_plain_ppo(preset):
   data = ob.batch(seed=2)
   data['rollout_logp'] = data['old_logp']
   actor, cc = ob.preset(preset)
-  actor = dataclasses.replace(actor, **ob.ALL_TERMS)
+  # VCPO's step scale and baseline act outside the objective
+  # (jaxcorr/train/loss_batch.py), with their own reduces-to tests
+  # (tests/conformance/shaping/test_vcpo.py); here only its correction.
+  actor = dataclasses.replace(
+    actor, **ob.ALL_TERMS, ess_scaling=False, grad_baselining=False
+  )
   v1, m1, g1 = ob.run_objective(actor, cc, data)
   v0, m0, g0 = ob.run_objective(actor, None, data)
   assert float(m1['actor/loss_token_count']) == data['mask'].sum()
