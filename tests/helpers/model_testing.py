@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import jax
@@ -188,3 +189,20 @@ def fresh_train_state(run, mesh, *, sharded: bool = False):
         critic_opt_state=jax.jit(critic_tx.init)(critic_params),
       )
   return state, Steps(run, graphdef, tx, schedule, **critic)
+
+
+def foreign_tokenizer_hf_dir(path) -> str:
+  """A one-layer Llama HF directory (config.json, vocabulary 27) whose
+  tokenizer.json marks it as an HF tokenizer: a model with the scratch
+  students' vocabulary size but another tokenizer identity."""
+  path.mkdir()
+  (path / 'config.json').write_text(
+    json.dumps({
+      'architectures': ['LlamaForCausalLM'], 'vocab_size': 27,
+      'hidden_size': 32, 'intermediate_size': 64, 'num_hidden_layers': 1,
+      'num_attention_heads': 2, 'num_key_value_heads': 1,
+      'max_position_embeddings': 32, 'rms_norm_eps': 1e-5,
+    })
+  )  # fmt: skip
+  (path / 'tokenizer.json').write_text('{}')
+  return str(path)

@@ -50,16 +50,6 @@ class Teachers:
   route: tuple[int, ...] = flax.struct.field(pytree_node=False)
 
 
-TeacherSource = model_source.ModelSource
-tokenizer_identity = model_source.tokenizer_identity
-_teacher_tokenizer = model_source.source_tokenizer
-
-
-def resolve(path: str, field: str = FIELD) -> TeacherSource:
-  """The `TeacherSource` of a config value; refusals name `field`."""
-  return model_source.resolve(path, field)
-
-
 def param_bytes(cfg: Any) -> int:
   """Bytes of the teacher's parameters (shapes only, nothing allocated)."""
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
@@ -124,7 +114,9 @@ def check_fits(
     )  # fmt: skip
 
 
-def load(src: TeacherSource, cfg: Any, mesh: jax.sharding.Mesh) -> Teacher:
+def load(
+  src: model_source.ModelSource, cfg: Any, mesh: jax.sharding.Mesh
+) -> Teacher:
   """The teacher's params on `mesh`, sharded by the policy's rules."""
   return Teacher(*model_source.load_params(src, cfg, mesh))
 
@@ -134,7 +126,7 @@ def _field(run: Any, name: str) -> str:
   return FIELD if run.distill.teacher else f'{routes.TEACHERS_FIELD}[{name}]'
 
 
-def check_for_run(run: Any) -> tuple[tuple[TeacherSource, Any], ...]:
+def check_for_run(run: Any) -> tuple[tuple[model_source.ModelSource, Any], ...]:
   """Start-up checks that read files, no device, for every teacher: the
   path resolves, a workdir teacher is not LoRA, same tokenizer and
   vocabulary as the student; and every task of config.data has a teacher
@@ -143,11 +135,13 @@ def check_for_run(run: Any) -> tuple[tuple[TeacherSource, Any], ...]:
   cfg = run.distill
   # Tokens and vocabulary only: no backend asked for model.dtype='auto'.
   s_cfg = transformer_config(run.model, backend='cpu')
-  student_tok = tokenizer_identity(run.model.hf_path, run.data.tokenizer)
+  student_tok = model_source.tokenizer_identity(
+    run.model.hf_path, run.data.tokenizer
+  )
   out = []
   for name, path in cfg.members:
     field = _field(run, name)
-    src = resolve(path, field)
+    src = model_source.resolve(path, field)
     t_cfg = model_source.checked_config(
       src, cfg.teacher_dtype, field, 'teacher'
     )

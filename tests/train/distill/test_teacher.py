@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import json
-
 import jax
 import pytest
 
 from jaxcorr.train import build
+from jaxcorr.train.checkpoints import model_source
 from jaxcorr.train.distill import routes, teacher
+from tests.helpers.model_testing import foreign_tokenizer_hf_dir
 from tests.helpers.trainer_config import pulse_config
 
 FIELD = r'config\.distill\.teacher'
@@ -44,7 +44,7 @@ def test_matching_workdir_teacher_passes_the_checks(tmp_path):
   ((src, cfg),) = teacher.check_for_run(run)
   assert src.kind == 'workdir' and src.step is None
   assert cfg.vocab_size == run.model.vocab_size
-  assert teacher.resolve(f'{src.path}@7').step == 7
+  assert model_source.resolve(f'{src.path}@7', teacher.FIELD).step == 7
 
 
 def test_missing_teacher(tmp_path):
@@ -62,18 +62,8 @@ def test_vocabulary_mismatch(tmp_path):
 
 def test_tokenizer_mismatch_names_both(tmp_path):
   """An HF teacher (its tokenizer.json) for a scratch-tokenizer student."""
-  path = tmp_path / 'hf'
-  path.mkdir()
-  (path / 'config.json').write_text(
-    json.dumps({
-      'architectures': ['LlamaForCausalLM'], 'vocab_size': 27,
-      'hidden_size': 32, 'intermediate_size': 64, 'num_hidden_layers': 1,
-      'num_attention_heads': 2, 'num_key_value_heads': 1,
-      'max_position_embeddings': 32, 'rms_norm_eps': 1e-5,
-    })
-  )  # fmt: skip
-  (path / 'tokenizer.json').write_text('{}')
-  _one_line_error(_student(str(path)), r'teacher hf:.* vs student scratch:')
+  path = foreign_tokenizer_hf_dir(tmp_path / 'hf')
+  _one_line_error(_student(path), r'teacher hf:.* vs student scratch:')
 
 
 def test_teacher_too_large_for_the_mesh():
@@ -119,6 +109,6 @@ def test_lora_student_counts_what_is_resident():
 def test_scratch_workdir_teacher_has_its_own_tokenizer_identity(tmp_path):
   """A scratch-model workdir's ids are its data.tokenizer's, never the
   student's HF tokenizer (whatever the student is)."""
-  src = teacher.resolve(_workdir(tmp_path / 't'))
-  assert teacher._teacher_tokenizer(src) == 'scratch:chars'
-  assert teacher.tokenizer_identity('', 'bytes') == 'scratch:bytes'
+  src = model_source.resolve(_workdir(tmp_path / 't'), teacher.FIELD)
+  assert model_source.source_tokenizer(src) == 'scratch:chars'
+  assert model_source.tokenizer_identity('', 'bytes') == 'scratch:bytes'

@@ -12,6 +12,7 @@ import pytest
 from jaxcorr.train import build
 from jaxcorr.train.checkpoints import workdir as workdir_lib
 from jaxcorr.train.rollouts import draft
+from tests.helpers.model_testing import foreign_tokenizer_hf_dir
 from tests.helpers.trainer_config import pulse_config
 
 
@@ -93,19 +94,9 @@ def test_a_draft_with_another_vocabulary(tmp_path):
 
 def test_a_draft_with_another_tokenizer_names_both(tmp_path):
   """An HF draft (its tokenizer.json) for a scratch-tokenizer policy."""
-  path = tmp_path / 'hf'
-  path.mkdir()
-  (path / 'config.json').write_text(
-    json.dumps({
-      'architectures': ['LlamaForCausalLM'], 'vocab_size': 27,
-      'hidden_size': 32, 'intermediate_size': 64, 'num_hidden_layers': 1,
-      'num_attention_heads': 2, 'num_key_value_heads': 1,
-      'max_position_embeddings': 32, 'rms_norm_eps': 1e-5,
-    })
-  )  # fmt: skip
-  (path / 'tokenizer.json').write_text('{}')
+  path = foreign_tokenizer_hf_dir(tmp_path / 'hf')
   _one_line_error(
-    _config(draft='model', draft_model=str(path)),
+    _config(draft='model', draft_model=path),
     r'draft_model.*draft hf:.* vs policy scratch:',
   )
 
